@@ -1,0 +1,193 @@
+"""Paged KV block accounting with reference counts and a hash-chain prefix cache (pure Python).
+
+A block holds ``block_size`` consecutive tokens of one sequence. A *full* block is
+registered in the prefix cache under ``hash(previous block's hash, its token ids)``,
+so a later request whose prompt starts with the same tokens (turn k+1 of a session,
+a sibling in a GRPO group) reuses it. Blocks nobody references but that are still
+cached stay in an LRU list and are evicted only when free blocks run out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+
+from pearl.engine.sequence import Sequence
+
+NO_HASH = -1
+
+
+def chain_hash(previous: int, tokens: Seq[int]) -> int:
+    """Hash of a full block given its predecessor's hash (deterministic across processes)."""
+    return hash((previous, tuple(tokens)))
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = NO_HASH
+        self.token_ids: tuple[int, ...] = ()
+
+
+class OutOfBlocks(Exception):
+    """Not enough free or evictable blocks; the caller preempts or waits."""
+
+
+class BlockManager:
+    """Allocates KV blocks to sequences; owns the prefix cache."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # never-cached blocks (stack)
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        self._by_hash: dict[int, int] = {}
+        self.cache_hits = 0  # tokens served from the prefix cache
+        self.cache_queries = 0  # prompt tokens looked up
+
+    # -- capacity -----------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that an allocation can take now (free plus evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._by_hash)
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """Extra blocks ``seq`` needs so that its table covers ``num_tokens`` tokens."""
+        need = -(-num_tokens // self.block_size)
+        return max(0, need - len(seq.block_table))
+
+    # -- prefix cache ---------------------------------------------------------------
+    def match_prefix(self, token_ids: Seq[int], max_tokens: int) -> list[int]:
+        """Cached full blocks covering a prefix of ``token_ids`` no longer than ``max_tokens``."""
+        bs = self.block_size
+        found: list[int] = []
+        prev = NO_HASH
+        for start in range(0, (max_tokens // bs) * bs, bs):
+            tokens = tuple(token_ids[start : start + bs])
+            h = chain_hash(prev, tokens)
+            block_id = self._by_hash.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            found.append(block_id)
+            prev = h
+        return found
+
+    def attach_prefix(self, seq: Sequence) -> int:
+        """Give a fresh sequence the cached blocks of its longest cached prefix.
+
+        At least the last token is left uncomputed so its logits can be sampled.
+        Returns the number of tokens served from cache.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        hits = self.match_prefix(seq.token_ids, seq.num_tokens - 1)
+        for block_id in hits:
+            self._take(block_id)
+        seq.block_table = hits
+        seq.num_hashed_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.cache_queries += seq.num_tokens
+        self.cache_hits += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the blocks ``seq`` has completely computed in the prefix cache."""
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        prev = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else NO_HASH
+        for i in range(seq.num_hashed_blocks, full):
+            block = self.blocks[seq.block_table[i]]
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(prev, tokens)
+            if block.hash == NO_HASH:
+                block.hash, block.token_ids = h, tokens
+                # A duplicate of an already cached block stays private; the first copy wins.
+                self._by_hash.setdefault(h, block.block_id)
+            prev = h
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+
+    # -- allocation -----------------------------------------------------------------
+    def allocate(self, seq: Sequence, num_tokens: int) -> None:
+        """Grow ``seq.block_table`` to cover ``num_tokens`` tokens, or raise ``OutOfBlocks``
+        without changing anything."""
+        need = self.blocks_needed(seq, num_tokens)
+        if need > self.num_free_blocks:
+            raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
+        for _ in range(need):
+            seq.block_table.append(self._pop_free())
+
+    def free(self, block_ids: Seq[int]) -> None:
+        """Drop one reference to each block; unreferenced cached blocks become evictable."""
+        for block_id in reversed(block_ids):  # tail blocks are evicted before their prefix
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                if self._by_hash.get(block.hash) == block_id:
+                    self._evictable[block_id] = None
+                else:
+                    self._reset(block)
+                    self._free.append(block_id)
+
+    def release(self, seq: Sequence) -> None:
+        """Free all of ``seq``'s blocks and forget its KV (``num_computed_tokens`` -> 0)."""
+        self.free(seq.block_table)
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (new weights make cached KV stale)."""
+        for block_id in list(self._evictable):
+            self._reset(self.blocks[block_id])
+            self._free.append(block_id)
+        self._evictable.clear()
+        for block in self.blocks:
+            self._reset(block)
+        self._by_hash.clear()
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            self._evictable.pop(block_id, None)
+        block.ref_count += 1
+
+    def _pop_free(self) -> int:
+        if self._free:
+            block_id = self._free.pop()
+        else:
+            block_id, _ = self._evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            if self._by_hash.get(block.hash) == block_id:
+                del self._by_hash[block.hash]
+            self._reset(block)
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    @staticmethod
+    def _reset(block: Block) -> None:
+        block.hash = NO_HASH
+        block.token_ids = ()
+
+    def check_invariants(self, live_tables: list[list[int]]) -> None:
+        """Assert reference counts equal the number of tables holding each block (tests)."""
+        counts = [0] * self.num_blocks
+        for table in live_tables:
+            for block_id in table:
+                counts[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count == counts[block.block_id], (block.block_id, block.ref_count, counts[block.block_id])
+        free, evictable = set(self._free), set(self._evictable)
+        assert not free & evictable
+        held = {b.block_id for b in self.blocks if b.ref_count > 0}
+        assert held.isdisjoint(free | evictable)
+        assert len(held) + len(free) + len(evictable) == self.num_blocks

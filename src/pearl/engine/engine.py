@@ -1,0 +1,409 @@
+"""The rollout worker's inference engine: schedule -> run -> postprocess, plus KV transfer,
+role changes, abort, sleep/wake and versioned weight loading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pearl.engine.block_manager import BlockManager, OutOfBlocks
+from pearl.engine.kv_transfer import KVChunk, token_digest
+from pearl.engine.model_runner import ModelRunner
+from pearl.engine.scheduler import InFlight, Scheduler, SchedulerConfig
+from pearl.engine.sequence import Request, RequestOutput, Role, Sequence, SequenceStatus
+from pearl.errors import EngineStateError, KVTransferError, RequestError
+from pearl.models.config import ModelConfig
+from pearl.models.decoder import DecoderForCausalLM
+from pearl.models.loader import build_model, load_model, load_state_dict
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Capacity and batching of one engine."""
+
+    block_size: int = 16
+    num_kv_blocks: int = 1024
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    role: Role = Role.COLOCATED
+    local_prefill_max_tokens: int = 0
+    model_id: str | None = None  # default: derived from the model config
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters since the engine started (times in seconds of the engine's clock)."""
+
+    iterations: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    scheduler_time: float = 0.0  # schedule + postprocess
+    model_time: float = 0.0  # input preparation + forward + sampling
+    preemptions: int = 0
+    cache_hit_tokens: int = 0
+    cache_query_tokens: int = 0
+    free_blocks: int = 0
+    num_blocks: int = 0
+    pinned_sessions: int = 0
+    running: int = 0
+    waiting: int = 0
+    weight_version: int = 0
+    role: str = ""
+    asleep: bool = False
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+def config_model_id(cfg: ModelConfig) -> str:
+    digest = hashlib.sha256(json.dumps(cfg.to_hf_dict(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{cfg.model_type}-{digest}"
+
+
+class LLMEngine:
+    """One worker's engine. Not thread-safe: one caller drives ``step``."""
+
+    def __init__(
+        self,
+        model: DecoderForCausalLM,
+        config: EngineConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        weight_version: int = 0,
+    ) -> None:
+        config = config or EngineConfig()
+        self.config = config
+        self.model_config = model.config
+        self.model_id = config.model_id or config_model_id(model.config)
+        self.device = torch.device(config.device)
+        self.clock = clock
+        self.weight_version = weight_version
+        max_len = config.max_model_len or model.config.max_position_embeddings
+        if max_len > model.config.max_position_embeddings:
+            raise RequestError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{model.config.max_position_embeddings}"
+            )
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=max_len,
+                role=Role(config.role),
+                local_prefill_max_tokens=config.local_prefill_max_tokens,
+                eos_token_ids=model.config.eos_token_id,
+            ),
+            self.blocks,
+        )
+        self.runner = ModelRunner(model.to(self.device), config.num_kv_blocks, config.block_size, self.device, config.seed)
+        self._host_weights: dict[str, torch.Tensor] | None = None
+        self._asleep = False
+        self._stats = EngineStats()
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig, config: EngineConfig | None = None, seed: int = 0, **kw) -> LLMEngine:
+        """An engine over a randomly initialized model (tests, demos)."""
+        return cls(build_model(cfg, seed=seed), config, **kw)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, config: EngineConfig | None = None, **kw) -> LLMEngine:
+        """An engine over a Hugging Face model folder (config.json + *.safetensors)."""
+        config = config or EngineConfig()
+        if config.model_id is None:
+            config.model_id = Path(folder).resolve().name
+        return cls(load_model(folder), config, **kw)
+
+    @property
+    def model(self) -> DecoderForCausalLM:
+        return self.runner.model
+
+    @property
+    def role(self) -> Role:
+        return self.scheduler.role
+
+    # -- requests -------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; invalid input raises ``RequestError`` and leaves the engine unchanged."""
+        self._check_awake()
+        vocab = self.model_config.vocab_size
+        ids = request.prompt_token_ids
+        if not isinstance(ids, list) or not ids:
+            raise RequestError(f"request {request.request_id!r}: prompt_token_ids must be a non-empty list of ints")
+        for i, tok in enumerate(ids):
+            if not isinstance(tok, int) or isinstance(tok, bool) or not (0 <= tok < vocab):
+                raise RequestError(
+                    f"request {request.request_id!r}: token {tok!r} at position {i} is outside the "
+                    f"vocabulary [0, {vocab})"
+                )
+        request.sampling.validate(vocab)
+        self.scheduler.add(Sequence(request, 0, self.clock()))
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return the requests that finished in it."""
+        self._check_awake()
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule(self.clock())
+        t1 = time.perf_counter()
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        if not out.is_empty:
+            tokens, logprobs = self.runner.execute(out)
+        t2 = time.perf_counter()
+        finished = self.scheduler.postprocess(out, tokens, logprobs, self.weight_version, self.clock())
+        t3 = time.perf_counter()
+        if not out.is_empty:
+            s = self._stats
+            s.iterations += 1
+            s.prefill_tokens += sum(c.num_tokens for c in out.prefills)
+            s.decode_tokens += len(out.decodes)
+            s.scheduler_time += (t1 - t0) + (t3 - t2)
+            s.model_time += t2 - t1
+        return finished
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def run(self, max_steps: int | None = None) -> list[RequestOutput]:
+        """Step until every queued request finished; return their outputs in finish order."""
+        outputs: list[RequestOutput] = []
+        steps = 0
+        while self.scheduler.has_work():
+            outputs.extend(self.step())
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+        return outputs
+
+    def generate(self, requests: list[Request]) -> dict[str, RequestOutput]:
+        """Add requests, run to completion, return outputs by request id."""
+        for r in requests:
+            self.add_request(r)
+        return {o.request_id: o for o in self.run()}
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and return its partial output (None if not in flight)."""
+        return self.scheduler.abort(request_id)
+
+    def abort_all(self) -> list[RequestOutput]:
+        ids = [s.request_id for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
+        return [o for rid in ids if (o := self.abort(rid)) is not None]
+
+    # -- sessions and KV transfer ---------------------------------------------------
+    def session_length(self, session_id: str) -> int:
+        """Tokens of the session whose KV this engine holds pinned."""
+        return self.scheduler.session_length(session_id)
+
+    def release_session(self, session_id: str) -> bool:
+        return self.scheduler.release_session(session_id)
+
+    def export_kv(self, session_id: str, start: int = 0, end: int | None = None) -> KVChunk:
+        """The KV of a pinned session's tokens ``[start, end)`` (default: all it holds)."""
+        self._check_awake()
+        seq = self.scheduler.sessions.get(session_id)
+        if seq is None:
+            raise KVTransferError(f"engine holds no pinned KV for session {session_id!r}")
+        held = seq.num_computed_tokens
+        end = held if end is None else end
+        if not (0 <= start < end <= held):
+            raise KVTransferError(
+                f"session {session_id!r}: range [{start}, {end}) is not within the {held} tokens held"
+            )
+        kv = self.runner.read_kv(seq, start, end)
+        return KVChunk(
+            model_id=self.model_id,
+            dtype="float32",
+            block_size=self.config.block_size,
+            weight_version=self.weight_version,
+            session_id=session_id,
+            start=start,
+            end=end,
+            token_ids=tuple(seq.token_ids[start:end]),
+            prefix_digest=token_digest(seq.token_ids[:start]),
+            keys=kv[:, 0].numpy(),
+            values=kv[:, 1].numpy(),
+        )
+
+    def import_kv(self, chunk: KVChunk) -> int:
+        """Append a chunk to the KV this engine holds for its session; return tokens added.
+
+        The chunk may overlap what is held (the overlap's token ids must agree; the held
+        KV is kept). Anything inconsistent raises ``KVTransferError`` and changes nothing.
+        """
+        self._check_awake()
+        chunk.validate_shape()
+        cfg = self.model_config
+        sid = chunk.session_id
+        if chunk.model_id != self.model_id:
+            raise KVTransferError(f"KV chunk of session {sid!r} is for model {chunk.model_id!r}, this engine serves {self.model_id!r}")
+        if chunk.dtype != "float32" or chunk.keys.dtype.name != "float32":
+            raise KVTransferError(f"KV chunk of session {sid!r} has dtype {chunk.dtype!r}/{chunk.keys.dtype}, this engine stores float32")
+        if chunk.weight_version != self.weight_version:
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} was computed with weight version {chunk.weight_version}, "
+                f"this engine runs version {self.weight_version}"
+            )
+        expected = (cfg.num_hidden_layers, chunk.num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+        if chunk.keys.shape != expected:
+            raise KVTransferError(f"KV chunk of session {sid!r} has shape {chunk.keys.shape}, expected {expected}")
+        if any(s.session_id == sid for s in self.scheduler.running + list(self.scheduler.waiting)):
+            raise KVTransferError(f"session {sid!r} has a request in flight on this engine; import between turns")
+        if chunk.end >= self.scheduler.config.max_model_len:
+            raise KVTransferError(f"KV chunk of session {sid!r} ends at {chunk.end}, beyond max_model_len")
+        pinned = self.scheduler.sessions.get(sid)
+        held = pinned.num_computed_tokens if pinned is not None else 0
+        held_tokens = pinned.token_ids[:held] if pinned is not None else []
+        if chunk.start > held:
+            raise KVTransferError(
+                f"session {sid!r}: engine holds {held} tokens but the chunk starts at {chunk.start}; "
+                f"export from token {held}"
+            )
+        if token_digest(held_tokens[: chunk.start]) != chunk.prefix_digest:
+            raise KVTransferError(f"session {sid!r}: the chunk's prefix tokens [0, {chunk.start}) differ from the tokens held here")
+        overlap = held - chunk.start
+        if tuple(held_tokens[chunk.start : held]) != chunk.token_ids[: min(overlap, chunk.num_tokens)]:
+            raise KVTransferError(f"session {sid!r}: the chunk's token ids differ from the held tokens [{chunk.start}, {held})")
+        if overlap >= chunk.num_tokens:
+            return 0
+        if pinned is None:
+            pinned = Sequence(Request(f"kv-import:{sid}", [], session_id=sid), 0, self.clock())
+            pinned.status = SequenceStatus.FINISHED
+        # Reserve blocks first so a failure changes nothing.
+        new_tokens = list(chunk.token_ids[overlap:])
+        before = len(pinned.block_table)
+        pinned_was = self.scheduler.sessions.pop(sid, None)
+        try:
+            while True:
+                try:
+                    self.blocks.allocate(pinned, chunk.end)
+                    break
+                except OutOfBlocks:
+                    if not self.scheduler.sessions:
+                        raise
+                    self.scheduler.release_session(next(iter(self.scheduler.sessions)))
+        except OutOfBlocks as exc:
+            if pinned_was is not None:
+                self.scheduler.sessions[sid] = pinned_was
+            raise KVTransferError(f"session {sid!r}: no KV memory for {chunk.num_tokens - overlap} more tokens ({exc})") from exc
+        assert len(pinned.block_table) >= before
+        pinned.token_ids = held_tokens + new_tokens
+        kv = torch.from_numpy(np.stack([chunk.keys[:, overlap:], chunk.values[:, overlap:]], axis=1))
+        self.runner.write_kv(pinned, held, kv)
+        pinned.num_computed_tokens = chunk.end
+        self.blocks.commit(pinned)
+        pinned.telemetry.kv_tokens_imported += len(new_tokens)
+        self.scheduler.sessions[sid] = pinned
+        return len(new_tokens)
+
+    # -- roles ----------------------------------------------------------------------
+    def set_role(self, role: Role, in_flight: InFlight = InFlight.DRAIN) -> list[RequestOutput]:
+        """Switch to ``role``. In-flight work the new role cannot run is drained (finished in
+        the old role) or handed back (aborted, partial outputs returned)."""
+        self._check_awake()
+        role, in_flight = Role(role), InFlight(in_flight)
+        outputs: list[RequestOutput] = []
+        if in_flight is InFlight.HAND_BACK:
+            outputs = self.scheduler.hand_back(self.scheduler.incompatible_with(role))
+        else:
+            while self.scheduler.incompatible_with(role):
+                outputs.extend(self.step())
+        self.scheduler.config.role = role
+        return outputs
+
+    # -- device state ---------------------------------------------------------------
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    def sleep(self, keep_weights_on_host: bool = True) -> None:
+        """Release device state: KV cache (and pinned sessions, prefix cache) and weights.
+
+        With ``keep_weights_on_host`` the weights are copied to host memory and ``wake``
+        restores them; otherwise ``load_weights`` must run before ``wake``. Requires no
+        request in flight (abort or drain first).
+        """
+        self._check_awake()
+        if self.scheduler.has_work():
+            raise EngineStateError(
+                f"cannot sleep with {self.scheduler.num_requests()} requests in flight; abort or drain them first"
+            )
+        for sid in list(self.scheduler.sessions):
+            self.scheduler.release_session(sid)
+        self.blocks.reset_prefix_cache()
+        self.runner.free_kv_cache()
+        params = dict(self.model.named_parameters())
+        if keep_weights_on_host:
+            self._host_weights = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
+        else:
+            self._host_weights = None
+        for p in params.values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._asleep = True
+
+    def wake(self) -> None:
+        """Restore the weights and reallocate the KV cache."""
+        if not self._asleep:
+            return
+        if self._host_weights is None:
+            raise EngineStateError("weights were discarded at sleep; call load_weights(state_dict, version) first")
+        self._restore_parameters(self._host_weights)
+        self._host_weights = None
+        self.runner.allocate_kv_cache()
+        self._asleep = False
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Swap in new weights tagged ``version``; the prefix cache and pinned sessions are
+        dropped. Works asleep (the weights become the ones ``wake`` restores) or awake with
+        no request in flight. A bad state dict raises and changes nothing."""
+        if not isinstance(version, int) or version < 0:
+            raise RequestError(f"weight version must be a non-negative int, got {version!r}")
+        if self.scheduler.has_work():
+            raise EngineStateError(
+                f"cannot load weights with {self.scheduler.num_requests()} requests in flight; abort or drain first"
+            )
+        if self._asleep:
+            # Validate against a shape-only copy of the model, then keep on host for wake.
+            probe = type(self.model)(self.model_config)
+            load_state_dict(probe, state_dict, source=f"weights v{version}")
+            self._host_weights = {n: p.detach().clone() for n, p in probe.named_parameters()}
+        else:
+            load_state_dict(self.model, state_dict, source=f"weights v{version}")
+            for sid in list(self.scheduler.sessions):
+                self.scheduler.release_session(sid)
+            self.blocks.reset_prefix_cache()
+        self.weight_version = version
+
+    def _restore_parameters(self, weights: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.data = weights[name].to(self.device)
+        if self.model_config.tie_word_embeddings:
+            self.model.lm_head.weight = self.model.model.embed_tokens.weight
+
+    def _check_awake(self) -> None:
+        if self._asleep:
+            raise EngineStateError("engine is asleep; call wake() first")
+
+    # -- telemetry ------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        s = self._stats
+        s.preemptions = self.scheduler.num_preemptions
+        s.cache_hit_tokens = self.blocks.cache_hits
+        s.cache_query_tokens = self.blocks.cache_queries
+        s.free_blocks = self.blocks.num_free_blocks
+        s.num_blocks = self.blocks.num_blocks
+        s.pinned_sessions = len(self.scheduler.sessions)
+        s.running = len(self.scheduler.running)
+        s.waiting = len(self.scheduler.waiting)
+        s.weight_version = self.weight_version
+        s.role = self.role.value
+        s.asleep = self._asleep
+        return s

@@ -1,0 +1,141 @@
+"""Runs one scheduled iteration on a torch model over the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from pearl.engine.sampler import sample
+from pearl.engine.scheduler import SchedulerOutput
+from pearl.engine.sequence import Sequence
+from pearl.models.attention import AttentionMetadata, PrefillSegment, chunk_causal_mask
+from pearl.models.decoder import DecoderForCausalLM
+
+
+class ModelRunner:
+    """Owns the model and the KV cache tensor; turns a ``SchedulerOutput`` into sampled tokens."""
+
+    def __init__(
+        self,
+        model: DecoderForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = device
+        self.generator = torch.Generator().manual_seed(seed)
+        self.kv_cache: torch.Tensor | None = None
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocate_kv_cache()
+        self.last_logits: torch.Tensor | None = None  # logits of the last iteration's samplers
+        self.keep_logits = False
+
+    # -- device state -------------------------------------------------------------
+    def allocate_kv_cache(self) -> None:
+        cfg = self.model.config
+        shape = (cfg.num_hidden_layers, 2, self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
+
+    def free_kv_cache(self) -> None:
+        self.kv_cache = None
+        self.kv_caches = []
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+
+    # -- one iteration ----------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> tuple[list[int], list[float]]:
+        """Compute the batch's KV, then sample a token for every sequence that samples."""
+        input_ids, positions, meta, sample_rows = self._prepare(out)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        samplers = out.sampling_sequences()
+        if not samplers:
+            return [], []
+        logits = self.model.compute_logits(hidden[sample_rows])
+        if self.keep_logits:
+            self.last_logits = logits.clone()
+        params = [s.sampling for s in samplers]
+        positions_sampled = [s.num_tokens for s in samplers]
+        return sample(logits.cpu(), params, positions_sampled, self.generator)
+
+    def _prepare(self, out: SchedulerOutput):
+        bs = self.block_size
+        dev = self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        slot_tables: list[int] = []  # block id of each new token
+        slot_offsets: list[int] = []
+        segments: list[PrefillSegment] = []
+        sample_rows: list[int] = []
+        for chunk in out.prefills:
+            seq, start, end = chunk.seq, chunk.start, chunk.end
+            q0 = len(ids)
+            ids.extend(seq.token_ids[start:end])
+            pos.extend(range(start, end))
+            table = seq.block_table
+            for p in range(start, end):
+                slot_tables.append(table[p // bs])
+                slot_offsets.append(p % bs)
+            if start == 0:
+                segments.append(PrefillSegment(q0, len(ids), end, None, None))
+            else:
+                blocks = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=dev)
+                mask = chunk_causal_mask(end - start, end, dev)
+                segments.append(PrefillSegment(q0, len(ids), end, blocks, mask))
+            if chunk.samples:
+                sample_rows.append(len(ids) - 1)
+        num_prefill = len(ids)
+        decode_tables = None
+        decode_mask = None
+        if out.decodes:
+            max_blocks = 0
+            lens: list[int] = []
+            for seq in out.decodes:
+                p = seq.num_tokens - 1
+                ids.append(seq.token_ids[p])
+                pos.append(p)
+                slot_tables.append(seq.block_table[p // bs])
+                slot_offsets.append(p % bs)
+                lens.append(p + 1)
+                max_blocks = max(max_blocks, -(-(p + 1) // bs))
+            rows = [s.block_table[:max_blocks] + [0] * (max_blocks - min(len(s.block_table), max_blocks)) for s in out.decodes]
+            decode_tables = torch.tensor(rows, dtype=torch.long, device=dev)
+            ctx = torch.tensor(lens, dtype=torch.long, device=dev)
+            decode_mask = (torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+            sample_rows.extend(range(num_prefill, len(ids)))
+        slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(slot_offsets, dtype=torch.long)
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev),
+            prefills=segments,
+            num_prefill_tokens=num_prefill,
+            decode_block_tables=decode_tables,
+            decode_mask=decode_mask,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        return input_ids, positions, meta, torch.tensor(sample_rows, dtype=torch.long, device=dev)
+
+    # -- KV transfer ------------------------------------------------------------------
+    def read_kv(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
+        """KV of tokens ``[start, end)`` as ``[layers, 2, end - start, kv_heads, head_dim]``."""
+        slots = self._slots(seq.block_table, start, end)
+        cfg = self.model.config
+        flat = self.kv_cache.view(cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
+        return flat[:, :, slots].cpu()
+
+    def write_kv(self, seq: Sequence, start: int, kv: torch.Tensor) -> None:
+        """Write ``kv [layers, 2, n, kv_heads, head_dim]`` into the slots of tokens ``[start, start+n)``."""
+        slots = self._slots(seq.block_table, start, start + kv.shape[2])
+        cfg = self.model.config
+        flat = self.kv_cache.view(cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
+        flat[:, :, slots] = kv.to(device=flat.device, dtype=flat.dtype)
+
+    def _slots(self, table: list[int], start: int, end: int) -> torch.Tensor:
+        bs = self.block_size
+        return torch.tensor([table[p // bs] * bs + p % bs for p in range(start, end)], dtype=torch.long, device=self.device)

@@ -1,0 +1,408 @@
+"""Iteration scheduler: continuous batching with chunked prefill, decode-first, role-aware.
+
+Pure Python (no torch, no clock): the live engine and the simulator both drive it.
+Each iteration, ``schedule`` picks decodes first (one token each, stall-free),
+then fills the remaining token budget with prefill chunks of running and newly
+admitted sequences; ``postprocess`` applies the sampled tokens and finishes
+sequences. When KV blocks run out, pinned sessions are unpinned (least recently
+used first) and then the most recently admitted sequences are preempted: their KV
+is dropped and they are recomputed later, so no request is ever lost.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pearl.engine.block_manager import BlockManager, OutOfBlocks
+from pearl.engine.sequence import (
+    FinishReason,
+    RequestOutput,
+    Role,
+    Sequence,
+    SequenceStatus,
+)
+from pearl.errors import EngineStateError, RequestError
+
+
+class InFlight(StrEnum):
+    """What a role change does with requests the new role cannot run."""
+
+    DRAIN = "drain"  # finish them in the old role first
+    HAND_BACK = "hand_back"  # abort them and return their partial outputs
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Batching limits and the worker's role."""
+
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    role: Role = Role.COLOCATED
+    # Decode role only: run appends of at most this many tokens locally (0 = import only).
+    local_prefill_max_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 2:
+            raise ValueError(
+                "max_num_batched_tokens and max_num_seqs must be >= 1 and max_model_len >= 2, "
+                f"got {self.max_num_batched_tokens}, {self.max_num_seqs}, {self.max_model_len}"
+            )
+        self.role = Role(self.role)
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """Compute the KV of ``seq.token_ids[start:end]``; sample a token if ``end`` is the last."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def samples(self) -> bool:
+        return self.end == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One iteration's work: prefill chunks (flattened first), then one token per decode."""
+
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.prefills) + len(self.decodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    def sampling_sequences(self) -> list[Sequence]:
+        """Sequences that get a new token this iteration, in flat-batch order."""
+        return [c.seq for c in self.prefills if c.samples] + self.decodes
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set and the pinned sessions of one engine."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.blocks = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # ordered by arrival
+        self.sessions: OrderedDict[str, Sequence] = OrderedDict()  # pinned KV, LRU first
+        self._arrivals = 0
+        self.num_preemptions = 0
+        self._finished_early: list[RequestOutput] = []  # finished while scheduling
+        self._preempted_now: set[int] = set()
+
+    # -- queries ------------------------------------------------------------------
+    @property
+    def role(self) -> Role:
+        return self.config.role
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def num_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in self.running:
+            if seq.request_id == request_id:
+                return seq
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    def session_length(self, session_id: str) -> int:
+        """Tokens of ``session_id`` whose KV this engine holds pinned (0 if none)."""
+        seq = self.sessions.get(session_id)
+        return seq.num_computed_tokens if seq is not None else 0
+
+    def session_tokens(self, session_id: str) -> list[int]:
+        seq = self.sessions.get(session_id)
+        return seq.token_ids[: seq.num_computed_tokens] if seq is not None else []
+
+    # -- intake -------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq``; raises ``RequestError``/``EngineStateError`` and changes nothing
+        if it can never run here."""
+        cfg = self.config
+        if seq.num_tokens < 1:
+            raise RequestError(f"request {seq.request_id!r}: the prompt is empty")
+        if seq.num_tokens >= cfg.max_model_len:
+            raise RequestError(
+                f"request {seq.request_id!r}: prompt of {seq.num_tokens} tokens does not fit the "
+                f"context limit max_model_len={cfg.max_model_len} (prompt must be shorter)"
+            )
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if seq.num_tokens + 1 > capacity:
+            raise RequestError(
+                f"request {seq.request_id!r}: {seq.num_tokens} tokens exceed the KV cache "
+                f"capacity of {capacity} tokens"
+            )
+        if self.find(seq.request_id) is not None:
+            raise RequestError(f"request id {seq.request_id!r} is already in flight")
+        key = seq.session_id
+        if key is not None and any(s.session_id == key for s in self._in_flight()):
+            raise RequestError(f"session {key!r} already has a request in flight on this engine")
+        if cfg.role is Role.DECODE:
+            held = self._attachable_length(seq)
+            missing = seq.num_tokens - held - 1
+            if missing > cfg.local_prefill_max_tokens:
+                raise EngineStateError(
+                    f"request {seq.request_id!r}: decode-role engine holds KV for {held} of "
+                    f"{seq.num_tokens} tokens of session {key!r}; import KV for tokens "
+                    f"[{held}, {seq.num_tokens - 1}) first (local prefill allows "
+                    f"{cfg.local_prefill_max_tokens} tokens)"
+                )
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        self.waiting.append(seq)
+
+    def _in_flight(self) -> Iterable[Sequence]:
+        yield from self.running
+        yield from self.waiting
+
+    def _attachable_length(self, seq: Sequence) -> int:
+        pinned = self.sessions.get(seq.session_id) if seq.session_id is not None else None
+        if pinned is None:
+            return 0
+        n = pinned.num_computed_tokens
+        if n < seq.num_tokens and seq.token_ids[:n] == pinned.token_ids[:n]:
+            return n
+        return 0
+
+    # -- scheduling ---------------------------------------------------------------
+    def schedule(self, now: float = 0.0) -> SchedulerOutput:
+        """Pick this iteration's decodes and prefill chunks within the token budget."""
+        cfg = self.config
+        out = SchedulerOutput()
+        scheduled: set[int] = set()
+        self._preempted_now: set[int] = set()
+        budget = cfg.max_num_batched_tokens
+        role = cfg.role
+
+        # 1. Decodes first: every running sequence with exactly one uncomputed token.
+        if role is not Role.PREFILL:
+            for seq in list(self.running):
+                if budget == 0:
+                    break
+                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
+                    continue
+                if self._reserve(seq, seq.num_tokens, scheduled):
+                    out.decodes.append(seq)
+                    scheduled.add(id(seq))
+                    budget -= 1
+
+        # 2. Continue chunked prefills of running sequences.
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if id(seq) in scheduled or seq.status is not SequenceStatus.RUNNING:
+                continue
+            if seq.num_uncomputed_tokens > 1 or role is Role.PREFILL:
+                budget -= self._schedule_prefill(seq, budget, out, scheduled)
+
+        # 3. Admit waiting sequences while the budget and the sequence cap allow.
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if id(seq) in self._preempted_now:
+                break  # just preempted for memory: do not thrash it back in
+            if not seq.block_table:
+                self._attach_kv(seq)
+            if seq.num_uncomputed_tokens == 1 and role is not Role.PREFILL:
+                ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
+                if ok:
+                    out.decodes.append(seq)
+                    budget -= 1
+            else:
+                chunk = min(seq.num_uncomputed_tokens, budget)
+                ok = self._reserve(seq, seq.num_computed_tokens + chunk, scheduled, may_preempt=False)
+                if ok:
+                    out.prefills.append(PrefillChunk(seq, seq.num_computed_tokens, seq.num_computed_tokens + chunk))
+                    budget -= chunk
+            if not ok:
+                # Out of memory: drop what the head attached (full blocks stay cached) and wait.
+                self.blocks.release(seq)
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.add(id(seq))
+            if seq.telemetry.started_at is None:
+                seq.telemetry.started_at = now
+        return out
+
+    def _schedule_prefill(self, seq: Sequence, budget: int, out: SchedulerOutput, scheduled: set[int]) -> int:
+        chunk = min(seq.num_uncomputed_tokens, budget)
+        end = seq.num_computed_tokens + chunk
+        if not self._reserve(seq, end, scheduled):
+            return 0
+        out.prefills.append(PrefillChunk(seq, seq.num_computed_tokens, end))
+        scheduled.add(id(seq))
+        return chunk
+
+    def _attach_kv(self, seq: Sequence) -> None:
+        """Start ``seq`` from its pinned session's KV, else from the prefix cache."""
+        held = self._attachable_length(seq)
+        if held:
+            pinned = self.sessions.pop(seq.session_id)
+            seq.block_table = pinned.block_table
+            seq.num_hashed_blocks = pinned.num_hashed_blocks
+            seq.num_computed_tokens = held
+            pinned.block_table = []
+            self.blocks.cache_queries += seq.num_tokens
+            self.blocks.cache_hits += held
+        else:
+            if seq.session_id is not None:
+                self.release_session(seq.session_id)
+            held = self.blocks.attach_prefix(seq)
+        seq.telemetry.prefill_tokens_cached += held
+
+    def _reserve(self, seq: Sequence, num_tokens: int, scheduled: set[int], may_preempt: bool = True) -> bool:
+        """Make ``seq``'s block table cover ``num_tokens``; unpin sessions, then preempt
+        later arrivals not yet scheduled this iteration. False if ``seq`` must wait."""
+        while True:
+            try:
+                self.blocks.allocate(seq, num_tokens)
+                return True
+            except OutOfBlocks:
+                pass
+            if self.sessions:
+                self.release_session(next(iter(self.sessions)))
+                continue
+            if not may_preempt:
+                return False
+            victim = next(
+                (s for s in reversed(self.running) if id(s) not in scheduled and s is not seq), None
+            )
+            if victim is None:
+                if seq.status is SequenceStatus.RUNNING and len(self.running) == 1:
+                    # Alone and still out of blocks: the KV cache is smaller than this sequence.
+                    self._finish(seq, FinishReason.LENGTH, pin=False)
+                    self._finished_early.append(seq.to_output(FinishReason.LENGTH))
+                else:
+                    self._preempt(seq)
+                return False
+            self._preempt(victim)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.release(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.telemetry.preemptions += 1
+        self.num_preemptions += 1
+        self._preempted_now.add(id(seq))
+        self.waiting.appendleft(seq)
+
+    # -- results ------------------------------------------------------------------
+    def postprocess(
+        self,
+        out: SchedulerOutput,
+        sampled_tokens: list[int],
+        sampled_logprobs: list[float],
+        weight_version: int,
+        now: float = 0.0,
+    ) -> list[RequestOutput]:
+        """Apply one iteration's results; return the requests that finished (or were prefilled)."""
+        finished = self._finished_early
+        self._finished_early = []
+        for chunk in out.prefills:
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.end
+            seq.telemetry.prefill_tokens_computed += chunk.num_tokens
+            self.blocks.commit(seq)
+        for seq in out.decodes:
+            seq.num_computed_tokens += 1
+            self.blocks.commit(seq)
+        samplers = out.sampling_sequences()
+        assert len(samplers) == len(sampled_tokens) == len(sampled_logprobs)
+        cfg = self.config
+        for seq, token, logprob in zip(samplers, sampled_tokens, sampled_logprobs, strict=True):
+            seq.token_ids.append(token)
+            seq.output_logprobs.append(logprob)
+            seq.weight_version = weight_version
+            if seq.telemetry.first_token_at is None:
+                seq.telemetry.first_token_at = now
+            sp = seq.sampling
+            reason: FinishReason | None = None
+            if token in sp.stop_token_ids or (not sp.ignore_eos and token in cfg.eos_token_ids):
+                reason = FinishReason.STOP
+            elif seq.num_output_tokens >= sp.max_new_tokens or seq.num_tokens >= cfg.max_model_len:
+                reason = FinishReason.LENGTH
+            elif cfg.role is Role.PREFILL:
+                reason = FinishReason.PREFILLED
+            if reason is not None:
+                seq.telemetry.finished_at = now
+                pin = seq.request.pin_session or cfg.role is Role.PREFILL
+                self._finish(seq, reason, pin=pin)
+                finished.append(seq.to_output(reason))
+        return finished
+
+    def _finish(self, seq: Sequence, reason: FinishReason, pin: bool) -> None:
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        key = seq.session_id or seq.request_id
+        if pin and seq.num_computed_tokens > 0:
+            if key in self.sessions:
+                self.release_session(key)
+            self.sessions[key] = seq
+        else:
+            self.blocks.release(seq)
+
+    # -- control ------------------------------------------------------------------
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
+        """Stop a request, free its KV and return its partial output (None if unknown)."""
+        seq = self.find(request_id)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.blocks.release(seq)
+        seq.status = SequenceStatus.FINISHED
+        return seq.to_output(reason)
+
+    def release_session(self, session_id: str) -> bool:
+        """Unpin a session's KV (full blocks stay in the prefix cache until evicted)."""
+        seq = self.sessions.pop(session_id, None)
+        if seq is None:
+            return False
+        self.blocks.release(seq)
+        return True
+
+    def incompatible_with(self, role: Role) -> list[Sequence]:
+        """In-flight sequences that ``role`` cannot run."""
+        bad = []
+        for seq in self._in_flight():
+            if role is Role.PREFILL and seq.num_output_tokens > 0:
+                bad.append(seq)  # it is decoding
+            elif role is Role.DECODE:
+                held = seq.num_computed_tokens if seq.block_table else self._attachable_length(seq)
+                if seq.num_tokens - held - 1 > self.config.local_prefill_max_tokens:
+                    bad.append(seq)  # it still needs a prefill
+        return bad
+
+    def hand_back(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        return [o for s in list(seqs) if (o := self.abort(s.request_id, FinishReason.HANDED_BACK))]
+
+    def all_block_tables(self) -> list[list[int]]:
+        """Block tables of everything holding KV (for invariant checks)."""
+        tables = [s.block_table for s in self._in_flight() if s.block_table]
+        return tables + [s.block_table for s in self.sessions.values()]
+

@@ -1,0 +1,29 @@
+"""Exceptions shared across PEARL's layers.
+
+Each carries a message that names the offending value, where it came from and
+what would have been valid.
+"""
+
+
+class PearlError(Exception):
+    """Base class of every error PEARL raises on purpose."""
+
+
+class ConfigError(PearlError, ValueError):
+    """A configuration (model config, run config) is invalid."""
+
+
+class CheckpointError(PearlError, ValueError):
+    """A checkpoint folder or state dict does not match the model."""
+
+
+class RequestError(PearlError, ValueError):
+    """A request (prompt, sampling parameters) is invalid; the engine is unchanged."""
+
+
+class KVTransferError(PearlError, ValueError):
+    """A KV chunk cannot be imported into this engine (model, dtype, version, tokens)."""
+
+
+class EngineStateError(PearlError, RuntimeError):
+    """An operation is not valid in the engine's current state (asleep, wrong role)."""

@@ -1,0 +1,106 @@
+"""A decoder-only transformer for paged attention, shared by Qwen3 and Llama.
+
+Parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight``),
+so a checkpoint's state dict loads without renaming. Inputs are a flat batch of
+tokens (see ``pearl.models.attention``), not a padded ``[batch, seq]`` tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pearl.models.attention import AttentionMetadata, paged_attention
+from pearl.models.config import ModelConfig
+from pearl.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with optional per-head q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        h, q, kv = cfg.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(h, q, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q, h, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention block followed by a pre-norm SwiGLU block."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """Embeddings, layers and final norm (``model.*`` in Hugging Face names)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderForCausalLM(nn.Module):
+    """Causal LM over a paged KV cache: ``forward`` returns hidden states of the flat batch."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer, cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, positions, self.rotary, cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits for the given hidden states ``[n, hidden]``."""
+        return self.lm_head(hidden).float()

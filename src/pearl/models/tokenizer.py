@@ -1,0 +1,37 @@
+"""Tokenizer wrapper over a Hugging Face ``tokenizer.json`` (via the ``tokenizers`` package)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pearl.errors import ConfigError
+
+
+class Tokenizer:
+    """Encode text to token ids and decode back; loaded from a model folder's tokenizer.json."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError(f"{path}: tokenizer.json not found")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+            raise ConfigError(f"{path}: not a valid tokenizer.json ({exc})") from exc
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
