@@ -90,8 +90,22 @@ class ModelConfig:
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"{source}: hidden_act {act!r} is not supported; supported: silu")
+        rope_theta = raw.get("rope_theta")
         rope_scaling = raw.get("rope_scaling")
+        # transformers >= 5 writes both under ``rope_parameters`` instead.
+        rope_params = raw.get("rope_parameters")
+        if rope_params is not None:
+            if not isinstance(rope_params, dict):
+                raise ConfigError(f"{source}: rope_parameters must be an object, got {rope_params!r}")
+            if rope_theta is None:
+                rope_theta = rope_params.get("rope_theta")
+            if rope_scaling is None and rope_params.get("rope_type", rope_params.get("type")) not in (None, "default"):
+                rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        if rope_theta is None:
+            rope_theta = 10000.0
         if rope_scaling is not None:
+            if not isinstance(rope_scaling, dict):
+                raise ConfigError(f"{source}: rope_scaling must be an object or null, got {rope_scaling!r}")
             kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
             if kind not in ("default", "llama3"):
                 raise ConfigError(
@@ -111,7 +125,7 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),

@@ -1,0 +1,221 @@
+"""The iteration scheduler, driven without torch by a deterministic fake model."""
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pearl.engine.block_manager import BlockManager
+from pearl.engine.scheduler import Scheduler, SchedulerConfig
+from pearl.engine.sequence import FinishReason, Request, Role, SamplingParams, Sequence
+from pearl.errors import EngineStateError, RequestError
+
+VOCAB = 50
+
+
+def fake_next_token(history: list[int]) -> int:
+    """A 'model' whose next token depends on the whole history, like a real one."""
+    return (sum(history) * 31 + len(history)) % VOCAB
+
+
+def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, role=Role.COLOCATED, **kw):
+    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512, role=role, **kw)
+    return Scheduler(cfg, BlockManager(num_blocks, block_size))
+
+
+def submit(sched, rid, prompt, max_new=8, session=None, pin=False):
+    sp = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+    sched.add(Sequence(Request(rid, list(prompt), sp, session_id=session, pin_session=pin), 0, 0.0))
+
+
+def drive(sched, max_iters=5000, on_step=None):
+    outputs = []
+    for _ in range(max_iters):
+        if not sched.has_work():
+            break
+        out = sched.schedule()
+        if on_step:
+            on_step(out)
+        assert out.num_tokens <= sched.config.max_num_batched_tokens
+        assert len(sched.running) <= sched.config.max_num_seqs
+        seqs = out.sampling_sequences()
+        tokens = [fake_next_token(s.token_ids) for s in seqs]
+        outputs += sched.postprocess(out, tokens, [-1.0] * len(tokens), weight_version=3)
+        sched.blocks.check_invariants(sched.all_block_tables())
+    assert not sched.has_work(), "scheduler did not finish"
+    return {o.request_id: o for o in outputs}
+
+
+def expected_tokens(prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(fake_next_token(seq))
+    return seq[len(prompt) :]
+
+
+def test_importing_the_scheduler_does_not_import_torch():
+    code = "import sys, pearl.engine.scheduler, pearl.engine.block_manager, pearl.engine.kv_transfer; print('torch' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "False"
+
+
+def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget():
+    sched = make_scheduler(budget=16)
+    submit(sched, "a", range(1, 41), max_new=2)
+    chunks = []
+    drive(sched, on_step=lambda o: chunks.extend((c.start, c.end) for c in o.prefills))
+    assert chunks == [(0, 16), (16, 32), (32, 40)]
+
+
+def test_decodes_are_never_stalled_by_a_new_prefill():
+    sched = make_scheduler(budget=16, num_blocks=128)
+    for i in range(4):
+        submit(sched, f"d{i}", [i + 1] * 5, max_new=30)
+    for _ in range(2):  # get the four into decode
+        out = sched.schedule()
+        sched.postprocess(out, [fake_next_token(s.token_ids) for s in out.sampling_sequences()], [0.0] * len(out.sampling_sequences()), 0)
+    submit(sched, "long", range(1, 100), max_new=2)
+    out = sched.schedule()
+    assert len(out.decodes) == 4  # decode-first
+    assert [c.num_tokens for c in out.prefills] == [12]  # the rest of the budget
+
+
+def test_outputs_carry_tokens_logprobs_and_weight_version():
+    sched = make_scheduler()
+    submit(sched, "a", [3, 4, 5], max_new=5)
+    out = drive(sched)["a"]
+    assert out.token_ids == expected_tokens([3, 4, 5], 5)
+    assert out.logprobs == [-1.0] * 5
+    assert out.weight_version == 3
+    assert out.finish_reason is FinishReason.LENGTH
+
+
+def test_stop_token_finishes_unless_ignore_eos():
+    prompt = [3, 4, 5]
+    first = expected_tokens(prompt, 1)[0]
+    sched = make_scheduler(eos_token_ids=(first,))
+    sched.add(Sequence(Request("a", prompt, SamplingParams(temperature=0, max_new_tokens=5)), 0, 0.0))
+    sched.add(Sequence(Request("b", prompt, SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)), 0, 0.0))
+    outs = drive(sched)
+    assert outs["a"].finish_reason is FinishReason.STOP and outs["a"].token_ids == [first]
+    assert len(outs["b"].token_ids) == 5
+
+
+def test_pinned_session_appends_only_the_new_tokens():
+    sched = make_scheduler(block_size=4)
+    submit(sched, "t1", range(1, 11), max_new=3, session="s", pin=True)
+    t1 = drive(sched)["t1"]
+    history = list(range(1, 11)) + t1.token_ids + [7, 7, 7, 7, 7]
+    submit(sched, "t2", history, max_new=3, session="s", pin=True)
+    t2 = drive(sched)["t2"]
+    # Turn 1 computed 10 prompt tokens + 2 decoded ones; the third sampled token had no KV yet.
+    assert t2.telemetry.prefill_tokens_cached == 12
+    assert t2.telemetry.prefill_tokens_computed == len(history) - 12
+    assert t2.token_ids == expected_tokens(history, 3)
+    assert sched.session_length("s") == len(history) + 2
+    assert sched.release_session("s") and sched.session_length("s") == 0
+
+
+def test_grpo_siblings_share_the_prompt_prefix():
+    sched = make_scheduler(block_size=4, budget=64)
+    submit(sched, "g0", range(1, 34), max_new=2)
+    drive(sched)
+    for i in range(1, 4):
+        submit(sched, f"g{i}", range(1, 34), max_new=2)
+    outs = drive(sched)
+    assert all(outs[f"g{i}"].telemetry.prefill_tokens_cached == 32 for i in range(1, 4))
+
+
+def test_preemption_by_recompute_loses_nothing():
+    ample = make_scheduler(num_blocks=256, budget=32, max_seqs=8)
+    tight = make_scheduler(num_blocks=14, budget=32, max_seqs=8)
+    for sched in (ample, tight):
+        for i in range(6):
+            submit(sched, f"r{i}", [i + 1] * (5 + 3 * i), max_new=20)
+    want, got = drive(ample), drive(tight)
+    assert tight.num_preemptions > 0
+    assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in want.items()}
+    assert sum(o.telemetry.preemptions for o in got.values()) == tight.num_preemptions
+
+
+def test_abort_returns_the_partial_output_and_frees_blocks():
+    sched = make_scheduler()
+    submit(sched, "a", [1, 2, 3], max_new=50)
+    for _ in range(4):
+        out = sched.schedule()
+        seqs = out.sampling_sequences()
+        sched.postprocess(out, [fake_next_token(s.token_ids) for s in seqs], [0.0] * len(seqs), 0)
+    partial = sched.abort("a")
+    assert partial.finish_reason is FinishReason.ABORT
+    assert partial.token_ids == expected_tokens([1, 2, 3], 4)
+    assert sched.blocks.num_free_blocks == sched.blocks.num_blocks
+    assert sched.abort("a") is None and not sched.has_work()
+
+
+def test_prefill_role_holds_kv_after_the_first_token():
+    sched = make_scheduler(role=Role.PREFILL)
+    submit(sched, "p", range(1, 20), max_new=10, session="s")
+    out = drive(sched)["p"]
+    assert out.finish_reason is FinishReason.PREFILLED
+    assert out.token_ids == expected_tokens(range(1, 20), 1)
+    assert sched.session_length("s") == 19
+
+
+def test_decode_role_rejects_requests_without_imported_kv():
+    sched = make_scheduler(role=Role.DECODE)
+    with pytest.raises(EngineStateError, match="import KV"):
+        submit(sched, "d", range(1, 20), session="s")
+    assert not sched.has_work()
+
+
+def test_decode_role_with_local_prefill_runs_short_appends():
+    sched = make_scheduler(role=Role.COLOCATED)
+    submit(sched, "t1", range(1, 11), max_new=3, session="s", pin=True)
+    t1 = drive(sched)["t1"]
+    sched.config.role = Role.DECODE
+    sched.config.local_prefill_max_tokens = 8
+    history = list(range(1, 11)) + t1.token_ids + [5, 5, 5]
+    submit(sched, "t2", history, max_new=2, session="s", pin=True)  # 4 uncomputed tokens
+    assert drive(sched)["t2"].token_ids == expected_tokens(history, 2)
+    too_long = history + expected_tokens(history, 2) + [9] * 20
+    with pytest.raises(EngineStateError):
+        submit(sched, "t3", too_long, session="s")
+
+
+def test_bad_requests_are_rejected_without_changing_state():
+    sched = make_scheduler()
+    with pytest.raises(RequestError, match="max_model_len"):
+        submit(sched, "long", [1] * 600)
+    submit(sched, "a", [1, 2])
+    with pytest.raises(RequestError, match="already in flight"):
+        submit(sched, "a", [1, 2])
+    assert sched.num_requests() == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 60), min_size=1, max_size=10),
+    news=st.lists(st.integers(1, 25), min_size=10, max_size=10),
+    num_blocks=st.integers(22, 80),  # >= one sequence's 85 tokens
+    budget=st.integers(1, 64),
+    max_seqs=st.integers(1, 8),
+)
+def test_random_workloads_complete_exactly_once_with_correct_tokens(prompts, news, num_blocks, budget, max_seqs):
+    sched = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, max_seqs=max_seqs)
+    want = {}
+    for i, n in enumerate(prompts):
+        prompt = [(i * 7 + j) % VOCAB for j in range(n)]
+        submit(sched, f"r{i}", prompt, max_new=news[i])
+        want[f"r{i}"] = expected_tokens(prompt, news[i])
+    got = drive(sched)
+    assert {k: v.token_ids for k, v in got.items()} == want
+
+
+def test_a_sequence_longer_than_the_whole_kv_cache_finishes_with_length():
+    sched = make_scheduler(num_blocks=17, block_size=4, budget=64)
+    submit(sched, "a", [1] * 60, max_new=25)
+    out = drive(sched)["a"]
+    assert out.finish_reason is FinishReason.LENGTH
+    assert len(out.token_ids) == 17 * 4 - 60 + 1  # every slot used; the last token has no KV
