@@ -326,6 +326,8 @@ class Scheduler:
             seq.telemetry.prefill_tokens_computed += chunk.num_tokens
             self.blocks.commit(seq)
         for seq in out.decodes:
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                seq.telemetry.prefill_tokens_computed += 1  # a prompt's last token, run as a decode
             seq.num_computed_tokens += 1
             self.blocks.commit(seq)
         samplers = out.sampling_sequences()

@@ -50,7 +50,7 @@ class ModelConfig:
         kv = self.num_key_value_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
         if self.attention_bias:
-            attn += q + 2 * kv
+            attn += q + 2 * kv + h  # q, k, v and o biases
         if self.qk_norm:
             attn += 2 * self.head_dim
         layer = attn + 3 * h * i + 2 * h

@@ -27,7 +27,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(h, q, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q, h, bias=False)
+        self.o_proj = nn.Linear(q, h, bias=cfg.attention_bias)  # HF Llama/Qwen3: o_proj too
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 

@@ -1,0 +1,542 @@
+"""Engine throughput benchmark: PEARL's engine vs Hugging Face ``generate`` on a multi-turn replay.
+
+Replays a seeded agentic workload (default 32 sessions x 8 turns; every session starts
+with a shared system prompt, each later turn appends the previous response plus an
+observation of 64-512 tokens; responses are 32-128 tokens) on a ~30M-parameter Qwen3
+model with random weights, fp32, on CPU, with one torch thread.
+
+* PEARL: one ``LLMEngine`` over the model folder; every session runs concurrently and a
+  session's next turn is submitted the moment its previous turn finishes (continuous
+  batching; pinned sessions append, the prefix cache serves the shared system prompt).
+  Environment time is zero.
+* Hugging Face: the same weights (the engine loads the folder ``save_pretrained`` wrote),
+  ``Qwen3ForCausalLM.generate(do_sample=False, use_cache=True)``. Per turn round, the
+  sessions' full contexts are left-padded into batches (``--hf-batch``); each batch
+  generates the longest response length in it and every session keeps only its own
+  length. Contexts are re-prefilled every turn (``generate`` keeps no cache across calls).
+
+Both replays do the same useful work: identical prompt lengths and response lengths
+(token ids differ only where greedy decoding of the two implementations diverges).
+Also measured: steady-state decode tokens/s at batch 1, 8, 32, 64 for both, and the
+engine's scheduler overhead (schedule + postprocess) as a fraction of iteration time.
+
+Prints one table and writes JSON (``--out``). ``--quick`` is a smoke run (< 1 minute).
+
+    .venv/bin/python benchmarks/engine_throughput.py            # full run (~10 min, 2-core CPU)
+    .venv/bin/python benchmarks/engine_throughput.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from pearl.engine.engine import EngineConfig, LLMEngine  # noqa: E402
+from pearl.engine.sequence import Request, SamplingParams  # noqa: E402
+from pearl.models.config import ModelConfig  # noqa: E402
+
+BLOCK_SIZE = 16
+
+# ~30M parameters (embeddings tied): 6 layers, hidden 512, GQA 8/4 heads of 64.
+MODEL_HF_CONFIG = dict(
+    vocab_size=16384,
+    hidden_size=512,
+    intermediate_size=1792,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+
+
+# -- workload ------------------------------------------------------------------------
+@dataclass
+class WorkloadSpec:
+    sessions: int = 32
+    turns: int = 8
+    system_tokens: int = 256  # shared by every session (prefix cache)
+    task_tokens: tuple[int, int] = (16, 64)  # per-session task statement after the system prompt
+    observation_tokens: tuple[int, int] = (64, 512)  # appended before turns 2..T
+    response_tokens: tuple[int, int] = (32, 128)
+    seed: int = 0
+
+
+@dataclass
+class Session:
+    sid: str
+    first_prompt: list[int]  # system prompt + task
+    observations: list[list[int]]  # observations[k] precedes turn k+1 (k = 1..T-1); [0] unused
+    response_lengths: list[int]
+
+    def max_context(self) -> int:
+        return len(self.first_prompt) + sum(len(o) for o in self.observations) + sum(self.response_lengths)
+
+
+def make_workload(spec: WorkloadSpec, vocab: int) -> list[Session]:
+    rng = random.Random(spec.seed)
+    # Token 0 is kept out of the prompts (it is the HF pad id).
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(1, vocab) for _ in range(n)]
+
+    system = toks(spec.system_tokens)
+    sessions = []
+    for i in range(spec.sessions):
+        first = system + toks(rng.randint(*spec.task_tokens))
+        obs = [[]] + [toks(rng.randint(*spec.observation_tokens)) for _ in range(spec.turns - 1)]
+        lens = [rng.randint(*spec.response_tokens) for _ in range(spec.turns)]
+        sessions.append(Session(f"s{i}", first, obs, lens))
+    return sessions
+
+
+def workload_totals(sessions: list[Session]) -> dict:
+    """Token counts of the replay (identical for both systems)."""
+    prompt = gen = 0
+    for s in sessions:
+        ctx = len(s.first_prompt)
+        for k, n in enumerate(s.response_lengths):
+            if k:
+                ctx += len(s.observations[k])
+            prompt += ctx
+            gen += n
+            ctx += n
+    return {
+        "turns": sum(len(s.response_lengths) for s in sessions),
+        "prompt_tokens": prompt,
+        "generated_tokens": gen,
+        "max_context": max(s.max_context() for s in sessions),
+        "mean_final_context": statistics.fmean(s.max_context() for s in sessions),
+    }
+
+
+# -- model ---------------------------------------------------------------------------
+def build_hf_model(folder: Path, seed: int):
+    """A random-weight Qwen3 saved as a HF folder; returns the HF model (eval, fp32)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(**MODEL_HF_CONFIG)
+    model = Qwen3ForCausalLM(cfg).eval().to(torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def engine_config(sessions: list[Session], max_num_seqs: int = 64) -> EngineConfig:
+    """Enough KV blocks to keep every session pinned for the whole replay (plus slack)."""
+    per_session = sum(-(-(s.max_context() + 1) // BLOCK_SIZE) for s in sessions)
+    max_len = max(s.max_context() for s in sessions) + 2
+    return EngineConfig(
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=per_session + 64,
+        max_num_batched_tokens=512,
+        max_num_seqs=max_num_seqs,
+        max_model_len=min(max(max_len, 256), MODEL_HF_CONFIG["max_position_embeddings"]),
+    )
+
+
+def parity_check(engine: LLMEngine, hf, vocab: int) -> dict:
+    """Greedy tokens and their logprobs from the engine vs HF on one 200-token prompt."""
+    rng = random.Random(1234)
+    ids = [rng.randrange(1, vocab) for _ in range(200)]
+    n = 16
+    out = engine.generate([Request("parity", ids, SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True))])["parity"]
+    with torch.inference_mode():
+        hf_ids = hf.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, pad_token_id=0,
+        )[0, len(ids):].tolist()
+        logits = hf(torch.tensor([ids + out.token_ids[:-1]])).logits[0, -n:]
+        ref = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    diff = (ref - torch.tensor(out.logprobs)).abs().max().item()
+    return {"greedy_tokens_equal": out.token_ids == hf_ids, "max_logprob_abs_diff": diff}
+
+
+# -- PEARL replay --------------------------------------------------------------------
+@dataclass
+class ReplayResult:
+    wall_s: float
+    generated_tokens: int
+    prompt_tokens: int
+    turn_latencies_s: list[float] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def replay_pearl(engine: LLMEngine, sessions: list[Session]) -> ReplayResult:
+    before = engine.stats()
+    before = {k: getattr(before, k) for k in ("iterations", "prefill_tokens", "decode_tokens", "scheduler_time",
+                                               "model_time", "cache_hit_tokens", "cache_query_tokens", "preemptions")}
+    ctx = {s.sid: list(s.first_prompt) for s in sessions}
+    by_id = {s.sid: s for s in sessions}
+    turn = {s.sid: 0 for s in sessions}
+    submitted: dict[str, float] = {}
+    latencies: list[float] = []
+    gen = prompt = 0
+    batch_sizes: list[int] = []
+
+    def submit(s: Session) -> None:
+        k = turn[s.sid]
+        rid = f"{s.sid}-t{k}"
+        submitted[rid] = time.perf_counter()
+        engine.add_request(Request(
+            rid, list(ctx[s.sid]),
+            SamplingParams(temperature=0, max_new_tokens=s.response_lengths[k], ignore_eos=True),
+            session_id=s.sid, pin_session=True,
+        ))
+
+    t0 = time.perf_counter()
+    for s in sessions:
+        submit(s)
+    steps = 0
+    while engine.has_unfinished():
+        finished = engine.step()
+        steps += 1
+        now = time.perf_counter()
+        for o in finished:
+            s = by_id[o.session_id]
+            k = turn[s.sid]
+            assert len(o.token_ids) == s.response_lengths[k], (o.request_id, len(o.token_ids))
+            latencies.append(now - submitted[o.request_id])
+            prompt += len(ctx[s.sid])
+            gen += len(o.token_ids)
+            ctx[s.sid].extend(o.token_ids)
+            turn[s.sid] = k + 1
+            if k + 1 < len(s.response_lengths):
+                ctx[s.sid].extend(s.observations[k + 1])
+                submit(s)
+        batch_sizes.append(len(engine.scheduler.running) + len(engine.scheduler.waiting))
+    wall = time.perf_counter() - t0
+    st = engine.stats()
+    d = {k: getattr(st, k) - v for k, v in before.items()}
+    sched_frac = d["scheduler_time"] / max(d["scheduler_time"] + d["model_time"], 1e-12)
+    for s in sessions:
+        engine.release_session(s.sid)
+    return ReplayResult(wall, gen, prompt, latencies, {
+        "steps": steps,
+        "engine_iterations": d["iterations"],
+        "prefill_tokens_computed": d["prefill_tokens"],
+        "decode_tokens": d["decode_tokens"],
+        "cache_hit_tokens": d["cache_hit_tokens"],
+        "cache_query_tokens": d["cache_query_tokens"],
+        "cache_hit_rate": d["cache_hit_tokens"] / max(d["cache_query_tokens"], 1),
+        "preemptions": d["preemptions"],
+        "scheduler_time_s": d["scheduler_time"],
+        "model_time_s": d["model_time"],
+        "scheduler_fraction": sched_frac,
+        "unaccounted_time_s": wall - d["scheduler_time"] - d["model_time"],
+        "mean_requests_in_flight": statistics.fmean(batch_sizes) if batch_sizes else 0.0,
+    })
+
+
+# -- HF replay -----------------------------------------------------------------------
+def hf_generate(hf, contexts: list[list[int]], max_new: int) -> list[list[int]]:
+    """Greedy ``generate`` on a left-padded batch; returns each row's ``max_new`` new tokens."""
+    width = max(len(c) for c in contexts)
+    ids = torch.zeros(len(contexts), width, dtype=torch.long)
+    mask = torch.zeros(len(contexts), width, dtype=torch.long)
+    for i, c in enumerate(contexts):
+        ids[i, width - len(c):] = torch.tensor(c)
+        mask[i, width - len(c):] = 1
+    with torch.inference_mode():
+        out = hf.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+            do_sample=False, use_cache=True, pad_token_id=0,
+        )
+    return out[:, width:].tolist()
+
+
+def replay_hf(hf, sessions: list[Session], batch: int) -> ReplayResult:
+    ctx = {s.sid: list(s.first_prompt) for s in sessions}
+    latencies: list[float] = []
+    gen = prompt = padded = 0
+    turns = len(sessions[0].response_lengths)
+    t0 = time.perf_counter()
+    for k in range(turns):
+        round_start = time.perf_counter()
+        for s in sessions:
+            if k:
+                ctx[s.sid].extend(s.observations[k])
+        for g in range(0, len(sessions), batch):
+            group = sessions[g:g + batch]
+            contexts = [ctx[s.sid] for s in group]
+            max_new = max(s.response_lengths[k] for s in group)
+            outs = hf_generate(hf, contexts, max_new)
+            done = time.perf_counter()
+            padded += len(group) * (max(len(c) for c in contexts) + max_new)
+            for s, o in zip(group, outs, strict=True):
+                n = s.response_lengths[k]
+                prompt += len(ctx[s.sid])
+                gen += n
+                latencies.append(done - round_start)
+                ctx[s.sid].extend(o[:n])
+    wall = time.perf_counter() - t0
+    return ReplayResult(wall, gen, prompt, latencies, {
+        "batch": batch,
+        "padded_token_slots": padded,
+        "useful_fraction_of_slots": (gen + prompt) / max(padded, 1),
+    })
+
+
+# -- decode rates --------------------------------------------------------------------
+def decode_pearl(folder: Path, batch: int, prompt_len: int, steps: int, warmup: int, vocab: int) -> dict:
+    engine = LLMEngine.from_folder(folder, EngineConfig(
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=batch * (-(-(prompt_len + steps + warmup + 8) // BLOCK_SIZE)) + 8,
+        max_num_batched_tokens=512, max_num_seqs=max(64, batch), max_model_len=prompt_len + steps + warmup + 16,
+    ))
+    rng = random.Random(batch)
+    for i in range(batch):
+        ids = [rng.randrange(1, vocab) for _ in range(prompt_len)]
+        engine.add_request(Request(f"d{i}", ids, SamplingParams(
+            temperature=0, max_new_tokens=steps + warmup + 4, ignore_eos=True)))
+    # Prefill until every sequence is decoding (one token per step, no prefill), then warm up.
+    guard = 0
+    while True:
+        a = engine.stats().prefill_tokens
+        engine.step()
+        s = engine.stats()
+        guard += 1
+        if s.prefill_tokens == a and s.running == batch:
+            break
+        assert guard < 10_000
+    for _ in range(warmup):
+        engine.step()
+    s0 = engine.stats()
+    i0, d0, sc0, m0 = s0.iterations, s0.decode_tokens, s0.scheduler_time, s0.model_time
+    p0 = s0.prefill_tokens
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    wall = time.perf_counter() - t0
+    s1 = engine.stats()
+    assert s1.prefill_tokens == p0 and s1.decode_tokens - d0 == batch * steps, "not a pure decode window"
+    sched, model = s1.scheduler_time - sc0, s1.model_time - m0
+    return {
+        "batch": batch,
+        "steps": s1.iterations - i0,
+        "tokens_per_s": batch * steps / wall,
+        "ms_per_step": 1000 * wall / steps,
+        "scheduler_ms_per_step": 1000 * sched / steps,
+        "model_ms_per_step": 1000 * model / steps,
+        "scheduler_fraction": sched / (sched + model),
+        "scheduler_fraction_of_wall": sched / wall,
+        "context_len": f"{prompt_len + warmup}-{prompt_len + warmup + steps}",
+    }
+
+
+def decode_hf(hf, batch: int, prompt_len: int, steps: int, warmup: int, vocab: int) -> dict:
+    """Decode rate from the difference of two generate calls (1 vs 1+warmup+steps tokens)."""
+    rng = random.Random(batch)
+    contexts = [[rng.randrange(1, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+    hf_generate(hf, contexts, 1)  # warm
+    t = time.perf_counter()
+    hf_generate(hf, contexts, 1 + warmup)
+    t_short = time.perf_counter() - t
+    t = time.perf_counter()
+    hf_generate(hf, contexts, 1 + warmup + steps)
+    t_long = time.perf_counter() - t
+    wall = max(t_long - t_short, 1e-9)
+    return {
+        "batch": batch,
+        "steps": steps,
+        "tokens_per_s": batch * steps / wall,
+        "ms_per_step": 1000 * wall / steps,
+        "context_len": f"{prompt_len + warmup}-{prompt_len + warmup + steps}",
+    }
+
+
+# -- reporting -----------------------------------------------------------------------
+def summarize(r: ReplayResult) -> dict:
+    lat = sorted(r.turn_latencies_s)
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0.0
+
+    return {
+        "wall_s": r.wall_s,
+        "generated_tokens": r.generated_tokens,
+        "prompt_tokens": r.prompt_tokens,
+        "generated_tokens_per_s": r.generated_tokens / r.wall_s,
+        "total_tokens_per_s": (r.generated_tokens + r.prompt_tokens) / r.wall_s,
+        "turn_latency_mean_s": statistics.fmean(lat) if lat else 0.0,
+        "turn_latency_p50_s": pct(0.5),
+        "turn_latency_p90_s": pct(0.9),
+        "turn_latency_max_s": lat[-1] if lat else 0.0,
+        **r.extra,
+    }
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    p, h = result["replay"]["pearl"], result["replay"].get("hf")
+    t = Table(title=(
+        f"Multi-turn replay: {result['workload']['sessions']} sessions x {result['workload']['turns']} turns, "
+        f"{result['model']['parameters'] / 1e6:.1f}M params fp32, {result['environment']['torch_threads']} thread(s)"
+    ))
+    t.add_column("metric")
+    t.add_column("PEARL engine", justify="right")
+    t.add_column("HF generate", justify="right")
+    t.add_column("PEARL / HF", justify="right")
+
+    def row(name: str, key: str, fmt: str, higher_better: bool = True) -> None:
+        a = p[key]
+        b = h[key] if h else None
+        ratio = "" if b in (None, 0) else f"{(a / b if higher_better else b / a):.2f}x"
+        t.add_row(name, format(a, fmt), "-" if b is None else format(b, fmt), ratio)
+
+    row("generated tokens/s", "generated_tokens_per_s", ".1f")
+    row("prompt+generated tokens/s", "total_tokens_per_s", ".1f")
+    row("wall time (s)", "wall_s", ".1f", higher_better=False)
+    row("turn latency mean (s)", "turn_latency_mean_s", ".2f", higher_better=False)
+    row("turn latency p50 (s)", "turn_latency_p50_s", ".2f", higher_better=False)
+    row("turn latency p90 (s)", "turn_latency_p90_s", ".2f", higher_better=False)
+    t.add_section()
+    t.add_row("prefix/session cache hit rate", f"{p['cache_hit_rate']:.1%}", "-", "")
+    t.add_row("scheduler share of iteration (replay)", f"{p['scheduler_fraction']:.1%}", "-", "")
+    t.add_row("preemptions", str(p["preemptions"]), "-", "")
+    t.add_section()
+    hf_dec = {d["batch"]: d for d in result.get("decode", {}).get("hf", [])}
+    for d in result.get("decode", {}).get("pearl", []):
+        b = d["batch"]
+        hd = hf_dec.get(b)
+        t.add_row(
+            f"decode tokens/s @ batch {b} (sched {d['scheduler_fraction']:.1%})",
+            f"{d['tokens_per_s']:.1f}",
+            f"{hd['tokens_per_s']:.1f}" if hd else "-",
+            f"{d['tokens_per_s'] / hd['tokens_per_s']:.2f}x" if hd else "",
+        )
+    Console().print(t)
+    tg = result["targets"]
+    for name, v in tg.items():
+        print(f"target {name}: {v['value']} -> {'PASS' if v['pass'] else 'FAIL'}" if v["pass"] is not None else f"target {name}: not measured")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=None)
+    ap.add_argument("--turns", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="small smoke run (< 1 minute)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hf-batch", type=int, default=32, help="sessions per HF generate call")
+    ap.add_argument("--skip-hf", action="store_true", help="run only PEARL")
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--decode-batches", default="1,8,32,64")
+    ap.add_argument("--decode-steps", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="results/engine_throughput.json")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    spec = WorkloadSpec(seed=args.seed)
+    if args.quick:
+        spec = WorkloadSpec(sessions=4, turns=3, system_tokens=64, task_tokens=(8, 16),
+                            observation_tokens=(32, 96), response_tokens=(8, 24), seed=args.seed)
+    if args.sessions is not None:
+        spec.sessions = args.sessions
+    if args.turns is not None:
+        spec.turns = args.turns
+    decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
+    decode_steps = args.decode_steps or (8 if args.quick else 32)
+    decode_prompt = 32 if args.quick else 128
+
+    vocab = MODEL_HF_CONFIG["vocab_size"]
+    sessions = make_workload(spec, vocab)
+    totals = workload_totals(sessions)
+    print(f"workload: {spec.sessions} sessions x {spec.turns} turns, {totals['prompt_tokens']} prompt tokens "
+          f"(sum over turns), {totals['generated_tokens']} generated, max context {totals['max_context']}", flush=True)
+
+    result: dict = {"workload": {**asdict(spec), **totals}}
+    with tempfile.TemporaryDirectory(prefix="pearl-bench-") as tmp:
+        folder = Path(tmp) / "qwen3-30m"
+        hf = build_hf_model(folder, args.seed)
+        cfg = ModelConfig.from_folder(folder)
+        result["model"] = {"hf_config": MODEL_HF_CONFIG, "parameters": cfg.num_parameters(),
+                           "hf_parameters": sum(p.numel() for p in hf.parameters()),
+                           "hf_attn_implementation": hf.config._attn_implementation}
+        print(f"model: qwen3 {cfg.num_parameters() / 1e6:.2f}M parameters (fp32)", flush=True)
+
+        ecfg = engine_config(sessions)
+        engine = LLMEngine.from_folder(folder, ecfg)
+        result["engine_config"] = {k: getattr(ecfg, k) for k in ("block_size", "num_kv_blocks", "max_num_batched_tokens",
+                                                                 "max_num_seqs", "max_model_len")}
+        result["parity"] = parity_check(engine, hf, vocab)
+        print(f"parity vs HF: {result['parity']}", flush=True)
+
+        # Warm-up outside the timed region (first-call allocations, kernel selection).
+        warm = make_workload(WorkloadSpec(sessions=2, turns=2, system_tokens=32, task_tokens=(4, 8),
+                                          observation_tokens=(8, 16), response_tokens=(4, 8), seed=args.seed + 99), vocab)
+        for s in warm:
+            s.sid = "warm-" + s.sid
+        replay_pearl(engine, warm)
+        engine.blocks.reset_prefix_cache()
+
+        pearl = replay_pearl(engine, sessions)
+        result["replay"] = {"pearl": summarize(pearl)}
+        print(f"pearl replay: {pearl.wall_s:.1f}s, {pearl.generated_tokens / pearl.wall_s:.1f} gen tok/s", flush=True)
+        del engine
+
+        if not args.skip_hf:
+            replay_hf(hf, warm, args.hf_batch)
+            hfr = replay_hf(hf, sessions, args.hf_batch)
+            assert (hfr.generated_tokens, hfr.prompt_tokens) == (pearl.generated_tokens, pearl.prompt_tokens)
+            result["replay"]["hf"] = summarize(hfr)
+            print(f"hf replay: {hfr.wall_s:.1f}s, {hfr.generated_tokens / hfr.wall_s:.1f} gen tok/s", flush=True)
+
+        if not args.skip_decode:
+            result["decode"] = {"prompt_len": decode_prompt, "steps": decode_steps, "pearl": [], "hf": []}
+            for b in decode_batches:
+                d = decode_pearl(folder, b, decode_prompt, decode_steps, 4, vocab)
+                result["decode"]["pearl"].append(d)
+                print(f"pearl decode batch {b}: {d['tokens_per_s']:.1f} tok/s, {d['ms_per_step']:.1f} ms/step, "
+                      f"scheduler {d['scheduler_fraction']:.1%}", flush=True)
+                if not args.skip_hf:
+                    hd = decode_hf(hf, b, decode_prompt, decode_steps, 4, vocab)
+                    result["decode"]["hf"].append(hd)
+                    print(f"hf decode batch {b}: {hd['tokens_per_s']:.1f} tok/s, {hd['ms_per_step']:.1f} ms/step", flush=True)
+
+    p, h = result["replay"]["pearl"], result["replay"].get("hf")
+    ratio = p["generated_tokens_per_s"] / h["generated_tokens_per_s"] if h else None
+    result["replay"]["throughput_ratio"] = ratio
+    d64 = next((d for d in result.get("decode", {}).get("pearl", []) if d["batch"] == 64), None)
+    result["targets"] = {
+        "throughput_ratio_vs_hf>=2": {"value": None if ratio is None else round(ratio, 3),
+                                      "pass": None if ratio is None else ratio >= 2.0},
+        "scheduler_fraction_at_batch64<0.10": {"value": None if d64 is None else round(d64["scheduler_fraction"], 4),
+                                               "pass": None if d64 is None else d64["scheduler_fraction"] < 0.10},
+    }
+    import transformers
+
+    result["environment"] = {
+        "python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+        "processor": platform.processor(), "quick": args.quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    print_table(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""The torch engine: PD equivalence, prefix cache, preemption, abort, sleep/wake, weights, bad input."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from pearl.engine.engine import EngineConfig, LLMEngine
+from pearl.engine.kv_transfer import KVChunk
+from pearl.engine.scheduler import InFlight
+from pearl.engine.sequence import FinishReason, Request, Role, SamplingParams
+from pearl.errors import EngineStateError, KVTransferError, RequestError
+from pearl.models.loader import build_model
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+
+
+def make_engine(cfg, role=Role.COLOCATED, seed=0, **kw):
+    defaults = dict(block_size=4, num_kv_blocks=256, max_num_batched_tokens=24, max_num_seqs=8, role=role, model_id="tiny")
+    defaults.update(kw)
+    eng = LLMEngine(build_model(cfg, seed=seed), EngineConfig(**defaults))
+    eng.runner.keep_logits = True
+    return eng
+
+
+def run_collecting_logits(eng, rid):
+    """Step until ``rid`` finishes; return its output and the logits of each of its tokens."""
+    logits = []
+    while True:
+        out = eng.scheduler.schedule()
+        samplers = out.sampling_sequences()
+        tokens, logprobs = eng.runner.execute(out) if not out.is_empty else ([], [])
+        for i, seq in enumerate(samplers):
+            if seq.request_id == rid:
+                logits.append(eng.runner.last_logits[i].clone())
+        for o in eng.scheduler.postprocess(out, tokens, logprobs, eng.weight_version):
+            if o.request_id == rid:
+                return o, logits
+
+
+def prompts(n, lengths, vocab=97, seed=0):
+    g = np.random.default_rng(seed)
+    return [g.integers(0, vocab, size=length).tolist() for length in lengths[:n]]
+
+
+def pd_turn(P, D, rid, sid, prompt, sp):
+    """One turn disaggregated: prefill on P, move the new KV to D, decode on D."""
+    P.add_request(Request(f"{rid}/p", prompt, sp, session_id=sid))
+    out_p, logits_p = run_collecting_logits(P, f"{rid}/p")
+    assert out_p.finish_reason is FinishReason.PREFILLED
+    held = D.session_length(sid)
+    chunk = P.export_kv(sid, held, len(prompt))
+    assert D.import_kv(chunk) == len(prompt) - held
+    first = out_p.token_ids
+    rest = dataclasses.replace(sp, max_new_tokens=sp.max_new_tokens - 1)
+    D.add_request(Request(f"{rid}/d", prompt + first, rest, session_id=sid, pin_session=True))
+    out_d, logits_d = run_collecting_logits(D, f"{rid}/d")
+    return first + out_d.token_ids, out_p.logprobs + out_d.logprobs, logits_p + logits_d
+
+
+def coloc_turn(C, rid, sid, prompt, sp):
+    C.add_request(Request(rid, prompt, sp, session_id=sid, pin_session=True))
+    out, logits = run_collecting_logits(C, rid)
+    return out.token_ids, out.logprobs, logits
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=7, max_new_tokens=10, ignore_eos=True)])
+def test_prefill_transfer_decode_matches_colocated_over_turns(tiny_config, sampling):
+    C = make_engine(tiny_config)
+    P = make_engine(tiny_config, role=Role.PREFILL)
+    D = make_engine(tiny_config, role=Role.DECODE)
+    history = prompts(1, [37])[0]
+    for turn in range(3):
+        tc, lc, xc = coloc_turn(C, f"c{turn}", "s", history, sampling)
+        tp, lp, xp = pd_turn(P, D, f"t{turn}", "s", history, sampling)
+        assert tp == tc, f"turn {turn}"
+        assert np.allclose(lp, lc, atol=1e-4)
+        assert len(xp) == len(xc)
+        for a, b in zip(xp, xc, strict=True):
+            assert torch.allclose(a, b, atol=1e-4)
+        history = history + tc + prompts(1, [9 + 5 * turn], seed=turn + 1)[0]
+    # Later turns were append-prefills: P and D reused what they held.
+    assert P.stats().cache_hit_tokens > 0 and D.stats().prefill_tokens < 10
+
+
+def test_colocated_results_do_not_depend_on_batching_or_chunking(tiny_config):
+    ps = prompts(5, [5, 17, 33, 8, 50])
+    alone = {}
+    for i, p in enumerate(ps):
+        eng = make_engine(tiny_config, max_num_batched_tokens=512)
+        alone[f"r{i}"] = eng.generate([Request(f"r{i}", p, GREEDY)])[f"r{i}"].token_ids
+    eng = make_engine(tiny_config, max_num_batched_tokens=7, max_num_seqs=3)
+    together = eng.generate([Request(f"r{i}", p, GREEDY) for i, p in enumerate(ps)])
+    assert {k: v.token_ids for k, v in together.items()} == alone
+
+
+def test_prefix_cache_serves_grpo_siblings_with_identical_results(tiny_config):
+    eng = make_engine(tiny_config)
+    prompt = prompts(1, [41])[0]
+    first = eng.generate([Request("g0", prompt, GREEDY)])["g0"]
+    siblings = eng.generate([Request(f"g{i}", prompt, GREEDY) for i in range(1, 4)])
+    for out in siblings.values():
+        assert out.token_ids == first.token_ids
+        assert out.telemetry.prefill_tokens_cached == 40
+        assert out.telemetry.prefill_tokens_computed == 1
+
+
+def test_preemption_under_memory_pressure_gives_the_same_tokens(tiny_config):
+    ps = prompts(6, [20, 25, 30, 15, 22, 28], seed=3)
+    reqs = lambda: [Request(f"r{i}", p, SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True)) for i, p in enumerate(ps)]  # noqa: E731
+    ample = make_engine(tiny_config).generate(reqs())
+    tight_engine = make_engine(tiny_config, num_kv_blocks=30)
+    tight = tight_engine.generate(reqs())
+    assert tight_engine.stats().preemptions > 0
+    assert {k: v.token_ids for k, v in tight.items()} == {k: v.token_ids for k, v in ample.items()}
+
+
+def test_abort_returns_partial_output_and_engine_keeps_serving(tiny_config):
+    eng = make_engine(tiny_config)
+    p = prompts(1, [10])[0]
+    full = eng.generate([Request("ref", p, GREEDY)])["ref"].token_ids
+    eng.add_request(Request("a", p, GREEDY))
+    while True:
+        eng.step()
+        seq = eng.scheduler.find("a")
+        if seq.num_output_tokens >= 5:
+            break
+    partial = eng.abort("a")
+    assert partial.finish_reason is FinishReason.ABORT
+    assert partial.token_ids == full[: len(partial.token_ids)] and len(partial.token_ids) >= 5
+    assert len(partial.logprobs) == len(partial.token_ids)
+    # Resuming elsewhere from the partial prefix reproduces the rest.
+    rest = eng.generate([Request("b", p + partial.token_ids, dataclasses.replace(GREEDY, max_new_tokens=12 - len(partial.token_ids)))])["b"]
+    assert partial.token_ids + rest.token_ids == full
+
+
+def test_sleep_releases_device_state_and_wake_restores_it(tiny_config):
+    eng = make_engine(tiny_config)
+    p = prompts(1, [12])[0]
+    before = eng.generate([Request("a", p, GREEDY)])["a"].token_ids
+    eng.sleep()
+    assert eng.asleep and eng.runner.kv_cache is None
+    assert all(t.numel() == 0 for t in eng.model.parameters())
+    with pytest.raises(EngineStateError, match="asleep"):
+        eng.add_request(Request("x", p, GREEDY))
+    eng.wake()
+    after = eng.generate([Request("b", p, GREEDY)])["b"]
+    assert after.token_ids == before
+    assert after.telemetry.prefill_tokens_cached == 0  # KV did not survive sleep
+
+
+def test_sleep_refuses_with_requests_in_flight(tiny_config):
+    eng = make_engine(tiny_config)
+    eng.add_request(Request("a", [1, 2, 3], GREEDY))
+    with pytest.raises(EngineStateError, match="in flight"):
+        eng.sleep()
+    assert len(eng.run()[0].token_ids) == 12
+
+
+def test_load_weights_swaps_weights_tags_version_and_invalidates_cache(tiny_config):
+    eng = make_engine(tiny_config, seed=0)
+    other = build_model(tiny_config, seed=1)
+    p = prompts(1, [30])[0]
+    eng.generate([Request("a", p, GREEDY)])
+    eng.load_weights(other.state_dict(), version=5)
+    out = eng.generate([Request("b", p, GREEDY)])["b"]
+    ref = make_engine(tiny_config, seed=1).generate([Request("c", p, GREEDY)])["c"]
+    assert out.weight_version == 5
+    assert out.token_ids == ref.token_ids
+    assert out.telemetry.prefill_tokens_cached == 0
+
+
+def test_sleep_without_host_copy_then_load_weights_then_wake(tiny_config):
+    eng = make_engine(tiny_config, seed=0)
+    eng.sleep(keep_weights_on_host=False)
+    with pytest.raises(EngineStateError, match="load_weights"):
+        eng.wake()
+    eng.load_weights(build_model(tiny_config, seed=1).state_dict(), version=2)
+    eng.wake()
+    p = prompts(1, [9])[0]
+    ref = make_engine(tiny_config, seed=1).generate([Request("r", p, GREEDY)])["r"].token_ids
+    assert eng.generate([Request("a", p, GREEDY)])["a"].token_ids == ref
+
+
+def test_bad_weights_are_rejected_and_the_old_ones_keep_serving(tiny_config):
+    eng = make_engine(tiny_config)
+    p = prompts(1, [9])[0]
+    before = eng.generate([Request("a", p, GREEDY)])["a"].token_ids
+    state = build_model(tiny_config, seed=1).state_dict()
+    state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(Exception, match="up_proj"):
+        eng.load_weights(state, version=1)
+    del state["model.layers.0.mlp.up_proj.weight"]
+    with pytest.raises(Exception, match="missing"):
+        eng.load_weights(state, version=1)
+    assert eng.weight_version == 0
+    assert eng.generate([Request("b", p, GREEDY)])["b"].token_ids == before
+
+
+@pytest.mark.parametrize(
+    "prompt, sampling, match",
+    [
+        ([1, 2, 500], GREEDY, "outside the vocabulary"),
+        ([1, -2], GREEDY, "outside the vocabulary"),
+        ([], GREEDY, "non-empty"),
+        ([1] * 2000, GREEDY, "max_model_len"),
+        ([1, 2], SamplingParams(temperature=-1), "temperature"),
+        ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
+        ([1, 2], SamplingParams(top_p=0), "top_p"),
+        ([1, 2], SamplingParams(top_k=-3), "top_k"),
+        ([1, 2], SamplingParams(max_new_tokens=0), "max_new_tokens"),
+        ([1, 2], SamplingParams(max_new_tokens=10**9), "max_new_tokens"),
+        ([1, 2], SamplingParams(stop_token_ids=(1000,)), "stop token"),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_the_engine_stays_usable(tiny_config, prompt, sampling, match):
+    eng = make_engine(tiny_config)
+    with pytest.raises(RequestError, match=match):
+        eng.add_request(Request("bad", prompt, sampling))
+    assert not eng.has_unfinished()
+    assert len(eng.generate([Request("ok", [1, 2, 3], GREEDY)])["ok"].token_ids) == 12
+
+
+def test_kv_import_rejects_mismatches_and_changes_nothing(tiny_config):
+    P = make_engine(tiny_config, role=Role.PREFILL)
+    D = make_engine(tiny_config, role=Role.DECODE)
+    p = prompts(1, [20])[0]
+    P.generate([Request("p", p, GREEDY, session_id="s")])
+    good = P.export_kv("s", 0, 20)
+    bad_cases = {
+        "model": dataclasses.replace(good, model_id="other-model"),
+        "version": dataclasses.replace(good, weight_version=9),
+        "dtype": dataclasses.replace(good, dtype="bfloat16"),
+        "starts": dataclasses.replace(good, start=4, end=24),
+    }
+    for name, chunk in bad_cases.items():
+        with pytest.raises(KVTransferError):
+            D.import_kv(chunk)
+        assert D.session_length("s") == 0, name
+    assert D.import_kv(good) == 20
+    # An overlapping chunk whose token ids disagree with the held ones is rejected.
+    tail = P.export_kv("s", 10, 20)
+    with pytest.raises(KVTransferError, match="token ids differ"):
+        D.import_kv(dataclasses.replace(tail, token_ids=(tail.token_ids[0] + 1,) + tail.token_ids[1:]))
+    assert D.import_kv(tail) == 0  # the consistent overlap adds nothing
+    # A decode request whose tokens do not extend the imported ones is refused, not decoded.
+    with pytest.raises(EngineStateError, match="import KV"):
+        D.add_request(Request("d", [p[0] + 1] + p[1:] + [3], GREEDY, session_id="s"))
+    # Prefix tokens that disagree with what D holds are rejected too.
+    P2 = make_engine(tiny_config, role=Role.PREFILL)
+    P2.generate([Request("p", [5] + p[1:] + [1, 2, 3, 4], GREEDY, session_id="s")])
+    with pytest.raises(KVTransferError, match="prefix"):
+        D.import_kv(P2.export_kv("s", 20, 24))
+    assert D.session_length("s") == 20
+
+
+def test_kv_chunk_round_trips_through_bytes_without_pickle(tiny_config):
+    P = make_engine(tiny_config, role=Role.PREFILL)
+    P.generate([Request("p", list(range(1, 15)), GREEDY, session_id="s")])
+    chunk = P.export_kv("s")
+    again = KVChunk.from_bytes(chunk.to_bytes())
+    assert again.token_ids == chunk.token_ids and np.array_equal(again.keys, chunk.keys)
+    with pytest.raises(KVTransferError):
+        KVChunk.from_bytes(b"garbage!" + b"\0" * 20)
+
+
+def test_role_change_hand_back_returns_partials_and_drain_finishes_them(tiny_config):
+    eng = make_engine(tiny_config)
+    eng.add_request(Request("a", prompts(1, [10])[0], GREEDY))
+    for _ in range(3):
+        eng.step()
+    handed = eng.set_role(Role.PREFILL, InFlight.HAND_BACK)
+    assert [o.finish_reason for o in handed] == [FinishReason.HANDED_BACK]
+    assert len(handed[0].token_ids) >= 1 and eng.role is Role.PREFILL and not eng.has_unfinished()
+
+    eng = make_engine(tiny_config)
+    eng.add_request(Request("b", prompts(1, [10])[0], GREEDY))
+    eng.step()
+    drained = eng.set_role(Role.PREFILL, InFlight.DRAIN)
+    assert [o.finish_reason for o in drained] == [FinishReason.LENGTH]
+    assert len(drained[0].token_ids) == 12 and eng.role is Role.PREFILL
