@@ -117,7 +117,7 @@ def workload_totals(sessions: list[Session]) -> dict:
             gen += n
             ctx += n
     return {
-        "turns": sum(len(s.response_lengths) for s in sessions),
+        "total_turns": sum(len(s.response_lengths) for s in sessions),
         "prompt_tokens": prompt,
         "generated_tokens": gen,
         "max_context": max(s.max_context() for s in sessions),
@@ -293,70 +293,97 @@ def replay_hf(hf, sessions: list[Session], batch: int) -> ReplayResult:
 
 
 # -- decode rates --------------------------------------------------------------------
-def decode_pearl(folder: Path, batch: int, prompt_len: int, steps: int, warmup: int, vocab: int) -> dict:
+def decode_pearl(folder: Path, batch: int, prompt_len: int, steps: int, windows: int, vocab: int) -> dict:
+    """Steady-state decode of ``batch`` sequences: ``windows`` timed windows of ``steps``
+    decode-only iterations each (median window reported; the CPU is shared, so windows vary)."""
+    warmup = 4
+    budget = warmup + windows * steps
+    max_new = budget + 64  # sequences admitted first decode during the others' prefill
+    max_len = prompt_len + max_new + 16
     engine = LLMEngine.from_folder(folder, EngineConfig(
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=batch * (-(-(prompt_len + steps + warmup + 8) // BLOCK_SIZE)) + 8,
-        max_num_batched_tokens=512, max_num_seqs=max(64, batch), max_model_len=prompt_len + steps + warmup + 16,
+        block_size=BLOCK_SIZE, num_kv_blocks=batch * (-(-max_len // BLOCK_SIZE)) + 8,
+        max_num_batched_tokens=512, max_num_seqs=max(64, batch), max_model_len=max_len,
     ))
     rng = random.Random(batch)
     for i in range(batch):
         ids = [rng.randrange(1, vocab) for _ in range(prompt_len)]
-        engine.add_request(Request(f"d{i}", ids, SamplingParams(
-            temperature=0, max_new_tokens=steps + warmup + 4, ignore_eos=True)))
+        engine.add_request(Request(f"d{i}", ids, SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)))
     # Prefill until every sequence is decoding (one token per step, no prefill), then warm up.
-    guard = 0
-    while True:
+    for _ in range(10_000):
         a = engine.stats().prefill_tokens
         engine.step()
         s = engine.stats()
-        guard += 1
         if s.prefill_tokens == a and s.running == batch:
             break
-        assert guard < 10_000
     for _ in range(warmup):
         engine.step()
-    s0 = engine.stats()
-    i0, d0, sc0, m0 = s0.iterations, s0.decode_tokens, s0.scheduler_time, s0.model_time
-    p0 = s0.prefill_tokens
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    wall = time.perf_counter() - t0
-    s1 = engine.stats()
-    assert s1.prefill_tokens == p0 and s1.decode_tokens - d0 == batch * steps, "not a pure decode window"
-    sched, model = s1.scheduler_time - sc0, s1.model_time - m0
+    rates, scheds, models, walls = [], [], [], []
+    for _ in range(windows):
+        s0 = engine.stats()
+        p0, d0, sc0, m0 = s0.prefill_tokens, s0.decode_tokens, s0.scheduler_time, s0.model_time
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = time.perf_counter() - t0
+        s1 = engine.stats()
+        assert s1.prefill_tokens == p0 and s1.decode_tokens - d0 == batch * steps, "not a pure decode window"
+        rates.append(batch * steps / wall)
+        walls.append(wall)
+        scheds.append(s1.scheduler_time - sc0)
+        models.append(s1.model_time - m0)
+    i = sorted(range(windows), key=lambda j: rates[j])[windows // 2]
+    sched, model = sum(scheds), sum(models)
     return {
         "batch": batch,
-        "steps": s1.iterations - i0,
-        "tokens_per_s": batch * steps / wall,
-        "ms_per_step": 1000 * wall / steps,
-        "scheduler_ms_per_step": 1000 * sched / steps,
-        "model_ms_per_step": 1000 * model / steps,
+        "steps_per_window": steps,
+        "windows_tokens_per_s": rates,
+        "tokens_per_s": rates[i],
+        "ms_per_step": 1000 * walls[i] / steps,
+        "scheduler_ms_per_step": 1000 * sched / (steps * windows),
+        "model_ms_per_step": 1000 * model / (steps * windows),
         "scheduler_fraction": sched / (sched + model),
-        "scheduler_fraction_of_wall": sched / wall,
-        "context_len": f"{prompt_len + warmup}-{prompt_len + warmup + steps}",
+        "scheduler_fraction_of_wall": sched / sum(walls),
+        "context_len_range": [prompt_len + 1, prompt_len + max_new],
     }
 
 
-def decode_hf(hf, batch: int, prompt_len: int, steps: int, warmup: int, vocab: int) -> dict:
-    """Decode rate from the difference of two generate calls (1 vs 1+warmup+steps tokens)."""
+class _StepClock:
+    """A logits processor that only timestamps each ``generate`` step (one call per token)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def decode_hf(hf, batch: int, prompt_len: int, steps: int, windows: int, vocab: int) -> dict:
+    """Decode rate of ``generate``: per-step timestamps (a logits processor) over
+    ``windows`` windows of ``steps`` steps after 4 warm-up steps; median window reported."""
+    from transformers import LogitsProcessorList
+
     rng = random.Random(batch)
     contexts = [[rng.randrange(1, vocab) for _ in range(prompt_len)] for _ in range(batch)]
-    hf_generate(hf, contexts, 1)  # warm
-    t = time.perf_counter()
-    hf_generate(hf, contexts, 1 + warmup)
-    t_short = time.perf_counter() - t
-    t = time.perf_counter()
-    hf_generate(hf, contexts, 1 + warmup + steps)
-    t_long = time.perf_counter() - t
-    wall = max(t_long - t_short, 1e-9)
+    ids = torch.tensor(contexts)
+    clock = _StepClock()
+    warmup = 4
+    n = warmup + windows * steps + 1
+    with torch.inference_mode():
+        hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                    do_sample=False, use_cache=True, pad_token_id=0, logits_processor=LogitsProcessorList([clock]))
+    t = clock.times  # t[i]: logits of new token i are ready; t[i+1] - t[i] is one decode step
+    assert len(t) == n, (len(t), n)
+    walls = [t[warmup + (w + 1) * steps] - t[warmup + w * steps] for w in range(windows)]
+    rates = [batch * steps / x for x in walls]
+    i = sorted(range(windows), key=lambda j: rates[j])[windows // 2]
     return {
         "batch": batch,
-        "steps": steps,
-        "tokens_per_s": batch * steps / wall,
-        "ms_per_step": 1000 * wall / steps,
-        "context_len": f"{prompt_len + warmup}-{prompt_len + warmup + steps}",
+        "steps_per_window": steps,
+        "windows_tokens_per_s": rates,
+        "tokens_per_s": rates[i],
+        "ms_per_step": 1000 * walls[i] / steps,
+        "context_len_range": [prompt_len + 1, prompt_len + n],
     }
 
 
@@ -454,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.turns is not None:
         spec.turns = args.turns
     decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
-    decode_steps = args.decode_steps or (8 if args.quick else 32)
+    decode_steps = args.decode_steps or (6 if args.quick else 32)
     decode_prompt = 32 if args.quick else 128
 
     vocab = MODEL_HF_CONFIG["vocab_size"]
@@ -503,12 +530,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_decode:
             result["decode"] = {"prompt_len": decode_prompt, "steps": decode_steps, "pearl": [], "hf": []}
             for b in decode_batches:
-                d = decode_pearl(folder, b, decode_prompt, decode_steps, 4, vocab)
+                d = decode_pearl(folder, b, decode_prompt, decode_steps, 3, vocab)
                 result["decode"]["pearl"].append(d)
                 print(f"pearl decode batch {b}: {d['tokens_per_s']:.1f} tok/s, {d['ms_per_step']:.1f} ms/step, "
                       f"scheduler {d['scheduler_fraction']:.1%}", flush=True)
                 if not args.skip_hf:
-                    hd = decode_hf(hf, b, decode_prompt, decode_steps, 4, vocab)
+                    hd = decode_hf(hf, b, decode_prompt, decode_steps, 3, vocab)
                     result["decode"]["hf"].append(hd)
                     print(f"hf decode batch {b}: {hd['tokens_per_s']:.1f} tok/s, {hd['ms_per_step']:.1f} ms/step", flush=True)
 

@@ -7,7 +7,7 @@ import torch
 from pearl.engine.sampler import sample
 from pearl.engine.scheduler import SchedulerOutput
 from pearl.engine.sequence import Sequence
-from pearl.models.attention import AttentionMetadata, PrefillSegment, chunk_causal_mask
+from pearl.models.attention import AttentionMetadata, GatherWorkspace, PrefillSegment, chunk_causal_mask
 from pearl.models.decoder import DecoderForCausalLM
 
 
@@ -30,6 +30,7 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.allocate_kv_cache()
+        self.workspace = GatherWorkspace()
         self.last_logits: torch.Tensor | None = None  # logits of the last iteration's samplers
         self.keep_logits = False
 
@@ -42,6 +43,7 @@ class ModelRunner:
 
     def free_kv_cache(self) -> None:
         self.kv_cache = None
+        self.workspace = GatherWorkspace()
         self.kv_caches = []
 
     @property
@@ -116,6 +118,7 @@ class ModelRunner:
             num_prefill_tokens=num_prefill,
             decode_block_tables=decode_tables,
             decode_mask=decode_mask,
+            workspace=self.workspace,
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
