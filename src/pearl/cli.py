@@ -7,7 +7,10 @@ from dataclasses import asdict
 
 import typer
 
-app = typer.Typer(help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL.", no_args_is_help=True)
+app = typer.Typer(
+    help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL.",
+    no_args_is_help=True,
+)
 
 
 @app.command()
@@ -20,17 +23,27 @@ def demo(
     """Multi-turn generation on a random-weight model: colocated vs disaggregated."""
     from pearl.demo import run_demo
 
-    report = run_demo(sessions=sessions, turns=turns, seed=seed, log=(lambda *_: None) if json_out else print)
+    report = run_demo(
+        sessions=sessions, turns=turns, seed=seed, log=(lambda *_: None) if json_out else print
+    )
     if json_out:
         print(json.dumps(asdict(report), indent=2))
         return
     print()
     print(f"generated tokens        {report.generated_tokens}")
-    print(f"colocated throughput    {report.generated_tokens / report.colocated_seconds:8.1f} tok/s")
-    print(f"disaggregated (P->D)    {report.generated_tokens / report.disaggregated_seconds:8.1f} tok/s  (in-process, one core)")
+    print(
+        f"colocated throughput    {report.generated_tokens / report.colocated_seconds:8.1f} tok/s"
+    )
+    print(
+        f"disaggregated (P->D)    {report.generated_tokens / report.disaggregated_seconds:8.1f} tok/s  (in-process, one core)"
+    )
     print(f"KV moved P->D           {report.kv_bytes_moved / 2**20:.1f} MiB")
-    print(f"prefix/session cache    {100 * report.prefix_cache_hit_rate:.1f}% of prompt tokens served from cache")
-    print(f"paths agree             {report.turns_identical}/{report.turns_total} turns token-identical")
+    print(
+        f"prefix/session cache    {100 * report.prefix_cache_hit_rate:.1f}% of prompt tokens served from cache"
+    )
+    print(
+        f"paths agree             {report.turns_identical}/{report.turns_total} turns token-identical"
+    )
     if report.turns_identical != report.turns_total:
         raise typer.Exit(code=1)
 

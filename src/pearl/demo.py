@@ -46,22 +46,45 @@ def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> Dem
 
     torch.set_num_threads(1)
     cfg = ModelConfig.from_dict(DEMO_MODEL, source="demo model")
-    engine_cfg = dict(block_size=16, num_kv_blocks=1024, max_num_batched_tokens=512, max_num_seqs=64, model_id="demo")
+    engine_cfg = dict(
+        block_size=16,
+        num_kv_blocks=1024,
+        max_num_batched_tokens=512,
+        max_num_seqs=64,
+        model_id="demo",
+    )
     colocated = LLMEngine.from_model_config(cfg, EngineConfig(**engine_cfg), seed=seed)
-    prefill = LLMEngine.from_model_config(cfg, EngineConfig(**engine_cfg, role=Role.PREFILL), seed=seed)
-    decode = LLMEngine.from_model_config(cfg, EngineConfig(**engine_cfg, role=Role.DECODE), seed=seed)
+    prefill = LLMEngine.from_model_config(
+        cfg, EngineConfig(**engine_cfg, role=Role.PREFILL), seed=seed
+    )
+    decode = LLMEngine.from_model_config(
+        cfg, EngineConfig(**engine_cfg, role=Role.DECODE), seed=seed
+    )
     rng = random.Random(seed)
     system = [rng.randrange(cfg.vocab_size) for _ in range(128)]  # shared by all sessions
-    history = {f"s{i}": system + [rng.randrange(cfg.vocab_size) for _ in range(rng.randint(32, 96))] for i in range(sessions)}
-    log(f"model: random Qwen3, {cfg.num_parameters() / 1e6:.1f}M parameters; {sessions} sessions x {turns} turns")
+    history = {
+        f"s{i}": system + [rng.randrange(cfg.vocab_size) for _ in range(rng.randint(32, 96))]
+        for i in range(sessions)
+    }
+    log(
+        f"model: random Qwen3, {cfg.num_parameters() / 1e6:.1f}M parameters; {sessions} sessions x {turns} turns"
+    )
     identical = total = generated = moved = 0
     t_coloc = t_disagg = 0.0
     for turn in range(turns):
         lengths = {sid: rng.randint(16, 64) for sid in history}
 
-        def requests(tag: str) -> list[Request]:
+        def requests(
+            tag: str, turn: int = turn, lengths: dict[str, int] = lengths
+        ) -> list[Request]:
             return [
-                Request(f"{sid}/{turn}/{tag}", list(h), SamplingParams(temperature=0, max_new_tokens=lengths[sid], ignore_eos=True), sid, pin_session=True)
+                Request(
+                    f"{sid}/{turn}/{tag}",
+                    list(h),
+                    SamplingParams(temperature=0, max_new_tokens=lengths[sid], ignore_eos=True),
+                    sid,
+                    pin_session=True,
+                )
                 for sid, h in history.items()
             ]
 
@@ -80,7 +103,9 @@ def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> Dem
             moved += b.kv_bytes_moved
             observation = [rng.randrange(cfg.vocab_size) for _ in range(rng.randint(16, 128))]
             history[sid] = history[sid] + a + observation
-        log(f"turn {turn + 1}: colocated {t1 - t0:.2f}s, disaggregated {t2 - t1:.2f}s, identical {sum(c_out[f'{s}/{turn}/c'].token_ids == d_out[f'{s}/{turn}/d'].token_ids for s in history)}/{len(history)}")
+        log(
+            f"turn {turn + 1}: colocated {t1 - t0:.2f}s, disaggregated {t2 - t1:.2f}s, identical {sum(c_out[f'{s}/{turn}/c'].token_ids == d_out[f'{s}/{turn}/d'].token_ids for s in history)}/{len(history)}"
+        )
     stats = colocated.stats()
     return DemoReport(
         parameters=cfg.num_parameters(),

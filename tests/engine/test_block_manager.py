@@ -76,7 +76,10 @@ def test_reset_prefix_cache_forgets_everything():
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["alloc", "release"]), st.lists(st.integers(0, 3), min_size=1, max_size=12)),
+        st.tuples(
+            st.sampled_from(["alloc", "release"]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=12),
+        ),
         min_size=1,
         max_size=40,
     )

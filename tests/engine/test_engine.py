@@ -17,7 +17,14 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
 
 
 def make_engine(cfg, role=Role.COLOCATED, seed=0, **kw):
-    defaults = dict(block_size=4, num_kv_blocks=256, max_num_batched_tokens=24, max_num_seqs=8, role=role, model_id="tiny")
+    defaults = dict(
+        block_size=4,
+        num_kv_blocks=256,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        role=role,
+        model_id="tiny",
+    )
     defaults.update(kw)
     eng = LLMEngine(build_model(cfg, seed=seed), EngineConfig(**defaults))
     eng.runner.keep_logits = True
@@ -65,7 +72,15 @@ def coloc_turn(C, rid, sid, prompt, sp):
     return out.token_ids, out.logprobs, logits
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=7, max_new_tokens=10, ignore_eos=True)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        GREEDY,
+        SamplingParams(
+            temperature=0.9, top_p=0.9, top_k=20, seed=7, max_new_tokens=10, ignore_eos=True
+        ),
+    ],
+)
 def test_prefill_transfer_decode_matches_colocated_over_turns(tiny_config, sampling):
     C = make_engine(tiny_config)
     P = make_engine(tiny_config, role=Role.PREFILL)
@@ -108,7 +123,11 @@ def test_prefix_cache_serves_grpo_siblings_with_identical_results(tiny_config):
 
 def test_preemption_under_memory_pressure_gives_the_same_tokens(tiny_config):
     ps = prompts(6, [20, 25, 30, 15, 22, 28], seed=3)
-    reqs = lambda: [Request(f"r{i}", p, SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True)) for i, p in enumerate(ps)]  # noqa: E731
+
+    def reqs():
+        sp = SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True)
+        return [Request(f"r{i}", p, sp) for i, p in enumerate(ps)]
+
     ample = make_engine(tiny_config).generate(reqs())
     tight_engine = make_engine(tiny_config, num_kv_blocks=30)
     tight = tight_engine.generate(reqs())
@@ -131,7 +150,15 @@ def test_abort_returns_partial_output_and_engine_keeps_serving(tiny_config):
     assert partial.token_ids == full[: len(partial.token_ids)] and len(partial.token_ids) >= 5
     assert len(partial.logprobs) == len(partial.token_ids)
     # Resuming elsewhere from the partial prefix reproduces the rest.
-    rest = eng.generate([Request("b", p + partial.token_ids, dataclasses.replace(GREEDY, max_new_tokens=12 - len(partial.token_ids)))])["b"]
+    rest = eng.generate(
+        [
+            Request(
+                "b",
+                p + partial.token_ids,
+                dataclasses.replace(GREEDY, max_new_tokens=12 - len(partial.token_ids)),
+            )
+        ]
+    )["b"]
     assert partial.token_ids + rest.token_ids == full
 
 
@@ -214,7 +241,9 @@ def test_bad_weights_are_rejected_and_the_old_ones_keep_serving(tiny_config):
         ([1, 2], SamplingParams(stop_token_ids=(1000,)), "stop token"),
     ],
 )
-def test_bad_requests_get_clear_errors_and_the_engine_stays_usable(tiny_config, prompt, sampling, match):
+def test_bad_requests_get_clear_errors_and_the_engine_stays_usable(
+    tiny_config, prompt, sampling, match
+):
     eng = make_engine(tiny_config)
     with pytest.raises(RequestError, match=match):
         eng.add_request(Request("bad", prompt, sampling))
@@ -242,7 +271,9 @@ def test_kv_import_rejects_mismatches_and_changes_nothing(tiny_config):
     # An overlapping chunk whose token ids disagree with the held ones is rejected.
     tail = P.export_kv("s", 10, 20)
     with pytest.raises(KVTransferError, match="token ids differ"):
-        D.import_kv(dataclasses.replace(tail, token_ids=(tail.token_ids[0] + 1,) + tail.token_ids[1:]))
+        D.import_kv(
+            dataclasses.replace(tail, token_ids=(tail.token_ids[0] + 1,) + tail.token_ids[1:])
+        )
     assert D.import_kv(tail) == 0  # the consistent overlap adds nothing
     # A decode request whose tokens do not extend the imported ones is refused, not decoded.
     with pytest.raises(EngineStateError, match="import KV"):

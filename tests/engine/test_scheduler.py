@@ -21,7 +21,9 @@ def fake_next_token(history: list[int]) -> int:
 
 
 def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, role=Role.COLOCATED, **kw):
-    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512, role=role, **kw)
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512, role=role, **kw
+    )
     return Scheduler(cfg, BlockManager(num_blocks, block_size))
 
 
@@ -75,7 +77,12 @@ def test_decodes_are_never_stalled_by_a_new_prefill():
         submit(sched, f"d{i}", [i + 1] * 5, max_new=30)
     for _ in range(2):  # get the four into decode
         out = sched.schedule()
-        sched.postprocess(out, [fake_next_token(s.token_ids) for s in out.sampling_sequences()], [0.0] * len(out.sampling_sequences()), 0)
+        sched.postprocess(
+            out,
+            [fake_next_token(s.token_ids) for s in out.sampling_sequences()],
+            [0.0] * len(out.sampling_sequences()),
+            0,
+        )
     submit(sched, "long", range(1, 100), max_new=2)
     out = sched.schedule()
     assert len(out.decodes) == 4  # decode-first
@@ -96,8 +103,16 @@ def test_stop_token_finishes_unless_ignore_eos():
     prompt = [3, 4, 5]
     first = expected_tokens(prompt, 1)[0]
     sched = make_scheduler(eos_token_ids=(first,))
-    sched.add(Sequence(Request("a", prompt, SamplingParams(temperature=0, max_new_tokens=5)), 0, 0.0))
-    sched.add(Sequence(Request("b", prompt, SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)), 0, 0.0))
+    sched.add(
+        Sequence(Request("a", prompt, SamplingParams(temperature=0, max_new_tokens=5)), 0, 0.0)
+    )
+    sched.add(
+        Sequence(
+            Request("b", prompt, SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)),
+            0,
+            0.0,
+        )
+    )
     outs = drive(sched)
     assert outs["a"].finish_reason is FinishReason.STOP and outs["a"].token_ids == [first]
     assert len(outs["b"].token_ids) == 5
@@ -202,7 +217,9 @@ def test_bad_requests_are_rejected_without_changing_state():
     budget=st.integers(1, 64),
     max_seqs=st.integers(1, 8),
 )
-def test_random_workloads_complete_exactly_once_with_correct_tokens(prompts, news, num_blocks, budget, max_seqs):
+def test_random_workloads_complete_exactly_once_with_correct_tokens(
+    prompts, news, num_blocks, budget, max_seqs
+):
     sched = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, max_seqs=max_seqs)
     want = {}
     for i, n in enumerate(prompts):

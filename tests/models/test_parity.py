@@ -56,7 +56,9 @@ CASES: dict[str, tuple[str, dict, str | None]] = {
     # name: (architecture, config kwargs, max_shard_size for save_pretrained)
     "qwen3": (
         "qwen3",
-        dict(head_dim=32, rope_theta=1_000_000.0, tie_word_embeddings=False),  # head_dim != hidden/heads
+        dict(
+            head_dim=32, rope_theta=1_000_000.0, tie_word_embeddings=False
+        ),  # head_dim != hidden/heads
         None,
     ),
     "qwen3_tied_sharded": (
@@ -165,7 +167,9 @@ def _empty_caches(model: DecoderForCausalLM, num_blocks: int, block_size: int):
 
 
 @torch.inference_mode()
-def ours_prefill_logits(model: DecoderForCausalLM, ids: list[int], block_size: int = 4) -> torch.Tensor:
+def ours_prefill_logits(
+    model: DecoderForCausalLM, ids: list[int], block_size: int = 4
+) -> torch.Tensor:
     """Logits at every position of one prefill segment with no prior context."""
     n = len(ids)
     caches = _empty_caches(model, -(-n // block_size), block_size)
@@ -193,12 +197,20 @@ def ours_chunked_prefill_logits(
     out = []
     for start in range(0, n, chunk):
         end = min(n, start + chunk)
-        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(start, end)])
+        slots = torch.tensor(
+            [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        )
         if start == 0:
             seg = PrefillSegment(0, end, end, None, None)
         else:
             blocks = torch.tensor(table[: -(-end // block_size)])
-            seg = PrefillSegment(0, end - start, end, blocks, chunk_causal_mask(end - start, end, torch.device("cpu")))
+            seg = PrefillSegment(
+                0,
+                end - start,
+                end,
+                blocks,
+                chunk_causal_mask(end - start, end, torch.device("cpu")),
+            )
         meta = AttentionMetadata(slots, [seg], end - start, None, None)
         hidden = model(torch.tensor(ids[start:end]), torch.arange(start, end), caches, meta)
         out.append(model.compute_logits(hidden))
@@ -292,12 +304,12 @@ def test_chunked_prefill_over_paged_cache_every_position(ckpt: Checkpoint, chunk
     assert (ours - ref).abs().max().item() <= ATOL
 
 
-@pytest.mark.parametrize(
-    "max_batched", [256, 16], ids=["whole_prefill", "chunked_prefill"]
-)
+@pytest.mark.parametrize("max_batched", [256, 16], ids=["whole_prefill", "chunked_prefill"])
 def test_greedy_generation_and_step_logits_match_hf(ckpt: Checkpoint, max_batched: int) -> None:
     prompt = _prompt(1, 40)
-    engine = LLMEngine(ckpt.ours, EngineConfig(block_size=4, num_kv_blocks=128, max_num_batched_tokens=max_batched))
+    engine = LLMEngine(
+        ckpt.ours, EngineConfig(block_size=4, num_kv_blocks=128, max_num_batched_tokens=max_batched)
+    )
     log = record_step_logits(engine)
     outs = engine.generate([Request("a", prompt, greedy())])
     if max_batched < len(prompt):
@@ -305,7 +317,9 @@ def test_greedy_generation_and_step_logits_match_hf(ckpt: Checkpoint, max_batche
     assert_matches_hf(ckpt, prompt, outs["a"].token_ids, log["a"])
     # Greedy logprobs are log_softmax of the step logits at the chosen token.
     ref_tokens, ref_logits = hf_reference(ckpt, prompt)
-    ref_lp = torch.log_softmax(ref_logits, -1).gather(1, torch.tensor(ref_tokens)[:, None]).squeeze(1)
+    ref_lp = (
+        torch.log_softmax(ref_logits, -1).gather(1, torch.tensor(ref_tokens)[:, None]).squeeze(1)
+    )
     assert torch.allclose(torch.tensor(outs["a"].logprobs), ref_lp, atol=ATOL)
 
 
@@ -319,18 +333,26 @@ BATCH = {
 }
 
 
-ARRIVALS = {0: ["p_short", "p_long", "p_mid"], 5: ["p_one"], 20: ["p_shared"]}  # step -> new requests
+ARRIVALS = {
+    0: ["p_short", "p_long", "p_mid"],
+    5: ["p_one"],
+    20: ["p_shared"],
+}  # step -> new requests
 
 
 @pytest.mark.parametrize("num_kv_blocks", [128, 40], ids=["ample_kv", "preempting_kv"])
 def test_continuous_batching_matches_hf(ckpt: Checkpoint, num_kv_blocks: int) -> None:
     engine = LLMEngine(
-        ckpt.ours, EngineConfig(block_size=4, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=16)
+        ckpt.ours,
+        EngineConfig(block_size=4, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=16),
     )
     log = record_step_logits(engine)
     batch_sizes: list[int] = []
     execute = engine.runner.execute
-    engine.runner.execute = lambda out: (batch_sizes.append(len(out.prefills) + len(out.decodes)), execute(out))[1]
+    engine.runner.execute = lambda out: (
+        batch_sizes.append(len(out.prefills) + len(out.decodes)),
+        execute(out),
+    )[1]
     outputs = {}
     step = 0
     while engine.has_unfinished() or step <= max(ARRIVALS):
@@ -344,7 +366,9 @@ def test_continuous_batching_matches_hf(ckpt: Checkpoint, num_kv_blocks: int) ->
     assert set(outputs) == set(BATCH)
     assert max(batch_sizes) >= 4, "requests were meant to run concurrently"
     stats = engine.stats()
-    assert stats.cache_hit_tokens > 0 or num_kv_blocks < 128, "p_shared was meant to hit the prefix cache"
+    assert stats.cache_hit_tokens > 0 or num_kv_blocks < 128, (
+        "p_shared was meant to hit the prefix cache"
+    )
     if num_kv_blocks < 128:
         assert stats.preemptions > 0, "the small KV cache was meant to force preemption"
     for rid, (prompt, n) in BATCH.items():

@@ -41,7 +41,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1")
+            raise ValueError(
+                f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -103,7 +105,11 @@ class BlockManager:
         """Register the blocks ``seq`` has completely computed in the prefix cache."""
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
-        prev = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else NO_HASH
+        prev = (
+            self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
+            if seq.num_hashed_blocks
+            else NO_HASH
+        )
         for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
@@ -185,7 +191,11 @@ class BlockManager:
             for block_id in table:
                 counts[block_id] += 1
         for block in self.blocks:
-            assert block.ref_count == counts[block.block_id], (block.block_id, block.ref_count, counts[block.block_id])
+            assert block.ref_count == counts[block.block_id], (
+                block.block_id,
+                block.ref_count,
+                counts[block.block_id],
+            )
         free, evictable = set(self._free), set(self._evictable)
         assert not free & evictable
         held = {b.block_id for b in self.blocks if b.ref_count > 0}

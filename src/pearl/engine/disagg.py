@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from pearl.engine.engine import LLMEngine
-from pearl.engine.sequence import FinishReason, Request, RequestOutput, Role
+from pearl.engine.sequence import FinishReason, Request, Role
 
 
 @dataclasses.dataclass(slots=True)
@@ -22,18 +22,24 @@ class TurnResult:
     kv_bytes_moved: int
 
 
-def run_disaggregated(prefill: LLMEngine, decode: LLMEngine, requests: list[Request]) -> dict[str, TurnResult]:
+def run_disaggregated(
+    prefill: LLMEngine, decode: LLMEngine, requests: list[Request]
+) -> dict[str, TurnResult]:
     """Prefill every request on ``prefill``, move the new KV to ``decode``, decode there.
 
     Requests need a ``session_id``; both engines keep the session's KV pinned so the
     next turn of the session is an append-prefill plus an append-transfer.
     """
     if prefill.role is not Role.PREFILL or decode.role is not Role.DECODE:
-        raise ValueError(f"need a prefill and a decode engine, got {prefill.role} and {decode.role}")
+        raise ValueError(
+            f"need a prefill and a decode engine, got {prefill.role} and {decode.role}"
+        )
     by_id = {r.request_id: r for r in requests}
     for r in requests:
         if r.session_id is None:
-            raise ValueError(f"request {r.request_id!r} needs a session_id for disaggregated execution")
+            raise ValueError(
+                f"request {r.request_id!r} needs a session_id for disaggregated execution"
+            )
         prefill.add_request(r)
     results: dict[str, TurnResult] = {}
     for out in prefill.run():
@@ -46,10 +52,21 @@ def run_disaggregated(prefill: LLMEngine, decode: LLMEngine, requests: list[Requ
             moved_bytes = chunk.nbytes
             rest = dataclasses.replace(req.sampling, max_new_tokens=req.sampling.max_new_tokens - 1)
             decode.add_request(
-                Request(req.request_id, req.prompt_token_ids + out.token_ids, rest, req.session_id, pin_session=True)
+                Request(
+                    req.request_id,
+                    req.prompt_token_ids + out.token_ids,
+                    rest,
+                    req.session_id,
+                    pin_session=True,
+                )
             )
         results[out.request_id] = TurnResult(
-            out.request_id, out.token_ids, out.logprobs, out.finish_reason, moved_tokens, moved_bytes
+            out.request_id,
+            out.token_ids,
+            out.logprobs,
+            out.finish_reason,
+            moved_tokens,
+            moved_bytes,
         )
     for out in decode.run():
         first = results[out.request_id]

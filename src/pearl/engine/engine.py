@@ -103,14 +103,18 @@ class LLMEngine:
             ),
             self.blocks,
         )
-        self.runner = ModelRunner(model.to(self.device), config.num_kv_blocks, config.block_size, self.device, config.seed)
+        self.runner = ModelRunner(
+            model.to(self.device), config.num_kv_blocks, config.block_size, self.device, config.seed
+        )
         self._host_weights: dict[str, torch.Tensor] | None = None
         self._asleep = False
         self._stats = EngineStats()
 
     # -- construction ---------------------------------------------------------------
     @classmethod
-    def from_model_config(cls, cfg: ModelConfig, config: EngineConfig | None = None, seed: int = 0, **kw) -> LLMEngine:
+    def from_model_config(
+        cls, cfg: ModelConfig, config: EngineConfig | None = None, seed: int = 0, **kw
+    ) -> LLMEngine:
         """An engine over a randomly initialized model (tests, demos)."""
         return cls(build_model(cfg, seed=seed), config, **kw)
 
@@ -137,7 +141,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         ids = request.prompt_token_ids
         if not isinstance(ids, list) or not ids:
-            raise RequestError(f"request {request.request_id!r}: prompt_token_ids must be a non-empty list of ints")
+            raise RequestError(
+                f"request {request.request_id!r}: prompt_token_ids must be a non-empty list of ints"
+            )
         for i, tok in enumerate(ids):
             if not isinstance(tok, int) or isinstance(tok, bool) or not (0 <= tok < vocab):
                 raise RequestError(
@@ -158,7 +164,9 @@ class LLMEngine:
         if not out.is_empty:
             tokens, logprobs = self.runner.execute(out)
         t2 = time.perf_counter()
-        finished = self.scheduler.postprocess(out, tokens, logprobs, self.weight_version, self.clock())
+        finished = self.scheduler.postprocess(
+            out, tokens, logprobs, self.weight_version, self.clock()
+        )
         t3 = time.perf_counter()
         if not out.is_empty:
             s = self._stats
@@ -243,9 +251,13 @@ class LLMEngine:
         cfg = self.model_config
         sid = chunk.session_id
         if chunk.model_id != self.model_id:
-            raise KVTransferError(f"KV chunk of session {sid!r} is for model {chunk.model_id!r}, this engine serves {self.model_id!r}")
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} is for model {chunk.model_id!r}, this engine serves {self.model_id!r}"
+            )
         if chunk.dtype != "float32" or chunk.keys.dtype.name != "float32":
-            raise KVTransferError(f"KV chunk of session {sid!r} has dtype {chunk.dtype!r}/{chunk.keys.dtype}, this engine stores float32")
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} has dtype {chunk.dtype!r}/{chunk.keys.dtype}, this engine stores float32"
+            )
         if chunk.weight_version != self.weight_version:
             raise KVTransferError(
                 f"KV chunk of session {sid!r} was computed with weight version {chunk.weight_version}, "
@@ -253,11 +265,17 @@ class LLMEngine:
             )
         expected = (cfg.num_hidden_layers, chunk.num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         if chunk.keys.shape != expected:
-            raise KVTransferError(f"KV chunk of session {sid!r} has shape {chunk.keys.shape}, expected {expected}")
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} has shape {chunk.keys.shape}, expected {expected}"
+            )
         if any(s.session_id == sid for s in self.scheduler.running + list(self.scheduler.waiting)):
-            raise KVTransferError(f"session {sid!r} has a request in flight on this engine; import between turns")
+            raise KVTransferError(
+                f"session {sid!r} has a request in flight on this engine; import between turns"
+            )
         if chunk.end >= self.scheduler.config.max_model_len:
-            raise KVTransferError(f"KV chunk of session {sid!r} ends at {chunk.end}, beyond max_model_len")
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} ends at {chunk.end}, beyond max_model_len"
+            )
         pinned = self.scheduler.sessions.get(sid)
         held = pinned.num_computed_tokens if pinned is not None else 0
         held_tokens = pinned.token_ids[:held] if pinned is not None else []
@@ -267,10 +285,17 @@ class LLMEngine:
                 f"export from token {held}"
             )
         if token_digest(held_tokens[: chunk.start]) != chunk.prefix_digest:
-            raise KVTransferError(f"session {sid!r}: the chunk's prefix tokens [0, {chunk.start}) differ from the tokens held here")
+            raise KVTransferError(
+                f"session {sid!r}: the chunk's prefix tokens [0, {chunk.start}) differ from the tokens held here"
+            )
         overlap = held - chunk.start
-        if tuple(held_tokens[chunk.start : held]) != chunk.token_ids[: min(overlap, chunk.num_tokens)]:
-            raise KVTransferError(f"session {sid!r}: the chunk's token ids differ from the held tokens [{chunk.start}, {held})")
+        if (
+            tuple(held_tokens[chunk.start : held])
+            != chunk.token_ids[: min(overlap, chunk.num_tokens)]
+        ):
+            raise KVTransferError(
+                f"session {sid!r}: the chunk's token ids differ from the held tokens [{chunk.start}, {held})"
+            )
         if overlap >= chunk.num_tokens:
             return 0
         if pinned is None:
@@ -292,10 +317,14 @@ class LLMEngine:
         except OutOfBlocks as exc:
             if pinned_was is not None:
                 self.scheduler.sessions[sid] = pinned_was
-            raise KVTransferError(f"session {sid!r}: no KV memory for {chunk.num_tokens - overlap} more tokens ({exc})") from exc
+            raise KVTransferError(
+                f"session {sid!r}: no KV memory for {chunk.num_tokens - overlap} more tokens ({exc})"
+            ) from exc
         assert len(pinned.block_table) >= before
         pinned.token_ids = held_tokens + new_tokens
-        kv = torch.from_numpy(np.stack([chunk.keys[:, overlap:], chunk.values[:, overlap:]], axis=1))
+        kv = torch.from_numpy(
+            np.stack([chunk.keys[:, overlap:], chunk.values[:, overlap:]], axis=1)
+        )
         self.runner.write_kv(pinned, held, kv)
         pinned.num_computed_tokens = chunk.end
         self.blocks.commit(pinned)
@@ -353,7 +382,9 @@ class LLMEngine:
         if not self._asleep:
             return
         if self._host_weights is None:
-            raise EngineStateError("weights were discarded at sleep; call load_weights(state_dict, version) first")
+            raise EngineStateError(
+                "weights were discarded at sleep; call load_weights(state_dict, version) first"
+            )
         self._restore_parameters(self._host_weights)
         self._host_weights = None
         self.runner.allocate_kv_cache()

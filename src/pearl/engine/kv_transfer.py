@@ -53,13 +53,19 @@ class KVChunk:
 
     def validate_shape(self) -> None:
         if self.end <= self.start or self.start < 0:
-            raise KVTransferError(f"KV chunk of session {self.session_id!r}: empty or negative range [{self.start}, {self.end})")
+            raise KVTransferError(
+                f"KV chunk of session {self.session_id!r}: empty or negative range [{self.start}, {self.end})"
+            )
         if len(self.token_ids) != self.num_tokens:
             raise KVTransferError(
                 f"KV chunk of session {self.session_id!r}: {len(self.token_ids)} token ids for range "
                 f"[{self.start}, {self.end})"
             )
-        if self.keys.shape != self.values.shape or self.keys.ndim != 4 or self.keys.shape[1] != self.num_tokens:
+        if (
+            self.keys.shape != self.values.shape
+            or self.keys.ndim != 4
+            or self.keys.shape[1] != self.num_tokens
+        ):
             raise KVTransferError(
                 f"KV chunk of session {self.session_id!r}: keys {self.keys.shape} / values "
                 f"{self.values.shape} do not match [layers, {self.num_tokens}, kv_heads, head_dim]"

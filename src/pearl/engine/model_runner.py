@@ -7,7 +7,12 @@ import torch
 from pearl.engine.sampler import sample
 from pearl.engine.scheduler import SchedulerOutput
 from pearl.engine.sequence import Sequence
-from pearl.models.attention import AttentionMetadata, GatherWorkspace, PrefillSegment, chunk_causal_mask
+from pearl.models.attention import (
+    AttentionMetadata,
+    GatherWorkspace,
+    PrefillSegment,
+    chunk_causal_mask,
+)
 from pearl.models.decoder import DecoderForCausalLM
 
 
@@ -37,9 +42,18 @@ class ModelRunner:
     # -- device state -------------------------------------------------------------
     def allocate_kv_cache(self) -> None:
         cfg = self.model.config
-        shape = (cfg.num_hidden_layers, 2, self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (
+            cfg.num_hidden_layers,
+            2,
+            self.num_blocks,
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
+        self.kv_caches = [
+            (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)
+        ]
 
     def free_kv_cache(self) -> None:
         self.kv_cache = None
@@ -106,12 +120,20 @@ class ModelRunner:
                 slot_offsets.append(p % bs)
                 lens.append(p + 1)
                 max_blocks = max(max_blocks, -(-(p + 1) // bs))
-            rows = [s.block_table[:max_blocks] + [0] * (max_blocks - min(len(s.block_table), max_blocks)) for s in out.decodes]
+            rows = [
+                s.block_table[:max_blocks]
+                + [0] * (max_blocks - min(len(s.block_table), max_blocks))
+                for s in out.decodes
+            ]
             decode_tables = torch.tensor(rows, dtype=torch.long, device=dev)
             ctx = torch.tensor(lens, dtype=torch.long, device=dev)
-            decode_mask = (torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+            decode_mask = (
+                torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1)
+            )[:, None, None, :]
             sample_rows.extend(range(num_prefill, len(ids)))
-        slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(slot_offsets, dtype=torch.long)
+        slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(
+            slot_offsets, dtype=torch.long
+        )
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),
             prefills=segments,
@@ -129,16 +151,24 @@ class ModelRunner:
         """KV of tokens ``[start, end)`` as ``[layers, 2, end - start, kv_heads, head_dim]``."""
         slots = self._slots(seq.block_table, start, end)
         cfg = self.model.config
-        flat = self.kv_cache.view(cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
+        flat = self.kv_cache.view(
+            cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim
+        )
         return flat[:, :, slots].cpu()
 
     def write_kv(self, seq: Sequence, start: int, kv: torch.Tensor) -> None:
         """Write ``kv [layers, 2, n, kv_heads, head_dim]`` into the slots of tokens ``[start, start+n)``."""
         slots = self._slots(seq.block_table, start, start + kv.shape[2])
         cfg = self.model.config
-        flat = self.kv_cache.view(cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
+        flat = self.kv_cache.view(
+            cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim
+        )
         flat[:, :, slots] = kv.to(device=flat.device, dtype=flat.dtype)
 
     def _slots(self, table: list[int], start: int, end: int) -> torch.Tensor:
         bs = self.block_size
-        return torch.tensor([table[p // bs] * bs + p % bs for p in range(start, end)], dtype=torch.long, device=self.device)
+        return torch.tensor(
+            [table[p // bs] * bs + p % bs for p in range(start, end)],
+            dtype=torch.long,
+            device=self.device,
+        )

@@ -22,7 +22,9 @@ def sample(
     n = logits.shape[0]
     if n == 0:
         return [], []
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype)
+    temps = torch.tensor(
+        [p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype
+    )
     logprobs_all = torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)
     if all(p.greedy for p in params):
         tokens = torch.argmax(logits, dim=-1)
@@ -35,7 +37,9 @@ def sample(
             probs = _truncated_probs(logprobs_all[i], p.top_k, p.top_p)
             gen = generator
             if p.seed is not None:
-                gen = torch.Generator().manual_seed((p.seed * 1_000_003 + positions[i]) & 0x7FFF_FFFF_FFFF_FFFF)
+                gen = torch.Generator().manual_seed(
+                    (p.seed * 1_000_003 + positions[i]) & 0x7FFF_FFFF_FFFF_FFFF
+                )
             tokens[i] = torch.multinomial(probs, 1, generator=gen)
     chosen = logprobs_all.gather(1, tokens.unsqueeze(1)).squeeze(1)
     return tokens.tolist(), chosen.tolist()

@@ -230,9 +230,13 @@ class Scheduler:
                     budget -= 1
             else:
                 chunk = min(seq.num_uncomputed_tokens, budget)
-                ok = self._reserve(seq, seq.num_computed_tokens + chunk, scheduled, may_preempt=False)
+                ok = self._reserve(
+                    seq, seq.num_computed_tokens + chunk, scheduled, may_preempt=False
+                )
                 if ok:
-                    out.prefills.append(PrefillChunk(seq, seq.num_computed_tokens, seq.num_computed_tokens + chunk))
+                    out.prefills.append(
+                        PrefillChunk(seq, seq.num_computed_tokens, seq.num_computed_tokens + chunk)
+                    )
                     budget -= chunk
             if not ok:
                 # Out of memory: drop what the head attached (full blocks stay cached) and wait.
@@ -246,7 +250,9 @@ class Scheduler:
                 seq.telemetry.started_at = now
         return out
 
-    def _schedule_prefill(self, seq: Sequence, budget: int, out: SchedulerOutput, scheduled: set[int]) -> int:
+    def _schedule_prefill(
+        self, seq: Sequence, budget: int, out: SchedulerOutput, scheduled: set[int]
+    ) -> int:
         chunk = min(seq.num_uncomputed_tokens, budget)
         end = seq.num_computed_tokens + chunk
         if not self._reserve(seq, end, scheduled):
@@ -272,7 +278,9 @@ class Scheduler:
             held = self.blocks.attach_prefix(seq)
         seq.telemetry.prefill_tokens_cached += held
 
-    def _reserve(self, seq: Sequence, num_tokens: int, scheduled: set[int], may_preempt: bool = True) -> bool:
+    def _reserve(
+        self, seq: Sequence, num_tokens: int, scheduled: set[int], may_preempt: bool = True
+    ) -> bool:
         """Make ``seq``'s block table cover ``num_tokens``; unpin sessions, then preempt
         later arrivals not yet scheduled this iteration. False if ``seq`` must wait."""
         while True:
@@ -367,7 +375,9 @@ class Scheduler:
             self.blocks.release(seq)
 
     # -- control ------------------------------------------------------------------
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
+    def abort(
+        self, request_id: str, reason: FinishReason = FinishReason.ABORT
+    ) -> RequestOutput | None:
         """Stop a request, free its KV and return its partial output (None if unknown)."""
         seq = self.find(request_id)
         if seq is None:
@@ -407,4 +417,3 @@ class Scheduler:
         """Block tables of everything holding KV (for invariant checks)."""
         tables = [s.block_table for s in self._in_flight() if s.block_table]
         return tables + [s.block_table for s in self.sessions.values()]
-

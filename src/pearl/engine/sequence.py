@@ -54,14 +54,18 @@ class SamplingParams:
     def validate(self, vocab_size: int) -> None:
         """Raise ``RequestError`` naming the bad field and the valid range."""
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
-            raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise RequestError(
+                f"temperature must be a finite number >= 0, got {self.temperature!r}"
+            )
         if self.temperature < 0 or self.temperature > 100:
             raise RequestError(f"temperature must be in [0, 100], got {self.temperature}")
         if not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise RequestError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}")
-        if not isinstance(self.max_new_tokens, int) or not (1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT):
+        if not isinstance(self.max_new_tokens, int) or not (
+            1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT
+        ):
             raise RequestError(
                 f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_LIMIT}], got {self.max_new_tokens!r}"
             )
@@ -69,7 +73,9 @@ class SamplingParams:
             raise RequestError(f"seed must be a non-negative integer or None, got {self.seed!r}")
         for tok in self.stop_token_ids:
             if not isinstance(tok, int) or not (0 <= tok < vocab_size):
-                raise RequestError(f"stop token id {tok!r} is outside the vocabulary [0, {vocab_size})")
+                raise RequestError(
+                    f"stop token id {tok!r} is outside the vocabulary [0, {vocab_size})"
+                )
 
     @property
     def greedy(self) -> bool:

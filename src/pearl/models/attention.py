@@ -38,8 +38,12 @@ class AttentionMetadata:
     prefills: list[PrefillSegment]
     num_prefill_tokens: int
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64 (padding: block 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
-    workspace: GatherWorkspace | None = None  # reused gather buffers (fresh large tensors page-fault)
+    decode_mask: (
+        torch.Tensor | None
+    )  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
+    workspace: GatherWorkspace | None = (
+        None  # reused gather buffers (fresh large tensors page-fault)
+    )
 
 
 class GatherWorkspace:
@@ -59,7 +63,9 @@ class GatherWorkspace:
         return self._k[:need].view(shape), self._v[:need].view(shape)
 
 
-def chunk_causal_mask(chunk_len: int, context_len: int, device: torch.device) -> torch.Tensor | None:
+def chunk_causal_mask(
+    chunk_len: int, context_len: int, device: torch.device
+) -> torch.Tensor | None:
     """Mask letting query i of a chunk see every prior token and the chunk up to i."""
     if chunk_len == context_len:
         return None
@@ -89,7 +95,9 @@ def paged_attention(
             # No prior context: the chunk's own K/V are the whole context.
             keys = k[qs:qe].transpose(0, 1).unsqueeze(0)
             values = v[qs:qe].transpose(0, 1).unsqueeze(0)
-            attn = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
+            attn = F.scaled_dot_product_attention(
+                query, keys, values, is_causal=True, enable_gqa=True
+            )
         else:
             n = seg.context_len
             keys, values = _gather(k_cache, v_cache, seg.context_blocks, meta.workspace)
@@ -115,7 +123,10 @@ def paged_attention(
 
 
 def _gather(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, workspace: GatherWorkspace | None
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    workspace: GatherWorkspace | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of ``blocks`` as ``[len(blocks) * block_size, kv_heads, head_dim]``.
 
@@ -129,4 +140,6 @@ def _gather(
         keys, values = workspace.buffers(k_cache, n)
         torch.index_select(k_cache, 0, blocks, out=keys)
         torch.index_select(v_cache, 0, blocks, out=values)
-    return keys.view(-1, k_cache.shape[2], k_cache.shape[3]), values.view(-1, v_cache.shape[2], v_cache.shape[3])
+    return keys.view(-1, k_cache.shape[2], k_cache.shape[3]), values.view(
+        -1, v_cache.shape[2], v_cache.shape[3]
+    )

@@ -76,7 +76,9 @@ class ModelConfig:
         for key in required:
             value = raw.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{source}: field {key!r} must be a positive integer, got {value!r}")
+                raise ConfigError(
+                    f"{source}: field {key!r} must be a positive integer, got {value!r}"
+                )
         heads = raw["num_attention_heads"]
         kv_heads = raw.get("num_key_value_heads") or heads
         if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads != 0:
@@ -96,16 +98,22 @@ class ModelConfig:
         rope_params = raw.get("rope_parameters")
         if rope_params is not None:
             if not isinstance(rope_params, dict):
-                raise ConfigError(f"{source}: rope_parameters must be an object, got {rope_params!r}")
+                raise ConfigError(
+                    f"{source}: rope_parameters must be an object, got {rope_params!r}"
+                )
             if rope_theta is None:
                 rope_theta = rope_params.get("rope_theta")
-            if rope_scaling is None and rope_params.get("rope_type", rope_params.get("type")) not in (None, "default"):
+            if rope_scaling is None and rope_params.get(
+                "rope_type", rope_params.get("type")
+            ) not in (None, "default"):
                 rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
         if rope_theta is None:
             rope_theta = 10000.0
         if rope_scaling is not None:
             if not isinstance(rope_scaling, dict):
-                raise ConfigError(f"{source}: rope_scaling must be an object or null, got {rope_scaling!r}")
+                raise ConfigError(
+                    f"{source}: rope_scaling must be an object or null, got {rope_scaling!r}"
+                )
             kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
             if kind not in ("default", "llama3"):
                 raise ConfigError(

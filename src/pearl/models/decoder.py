@@ -23,7 +23,11 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        h, q, kv = cfg.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        h, q, kv = (
+            cfg.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
         self.q_proj = nn.Linear(h, q, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, kv, bias=cfg.attention_bias)

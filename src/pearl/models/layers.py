@@ -24,7 +24,9 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None
+) -> torch.Tensor:
     """Per-pair rotation frequencies, with Llama-3's long-context rescaling if configured."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
@@ -46,7 +48,9 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables indexed by absolute token position (rotate-half layout)."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ):
         super().__init__()
         inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.float32)

@@ -20,10 +20,14 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
 }
 
 
-def build_model(cfg: ModelConfig, seed: int | None = 0, device: str | torch.device = "cpu") -> DecoderForCausalLM:
+def build_model(
+    cfg: ModelConfig, seed: int | None = 0, device: str | torch.device = "cpu"
+) -> DecoderForCausalLM:
     """A model with random weights (normal, std 0.02, as HF initializes), in float32."""
     if cfg.model_type not in MODEL_CLASSES:
-        raise ConfigError(f"model_type {cfg.model_type!r} is not supported; supported: {sorted(MODEL_CLASSES)}")
+        raise ConfigError(
+            f"model_type {cfg.model_type!r} is not supported; supported: {sorted(MODEL_CLASSES)}"
+        )
     gen = torch.Generator().manual_seed(seed if seed is not None else 0)
     model = MODEL_CLASSES[cfg.model_type](cfg)
     with torch.no_grad():
@@ -42,13 +46,17 @@ def expected_tensor_shapes(model: DecoderForCausalLM) -> dict[str, tuple[int, ..
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def load_state_dict(model: DecoderForCausalLM, state: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+def load_state_dict(
+    model: DecoderForCausalLM, state: Mapping[str, torch.Tensor], source: str = "state dict"
+) -> None:
     """Copy ``state`` into ``model`` after checking names and shapes; nothing is changed on error."""
     expected = expected_tensor_shapes(model)
     tied = model.config.tie_word_embeddings
     missing = [n for n in expected if n not in state and not (tied and n == "lm_head.weight")]
     if missing:
-        raise CheckpointError(f"{source}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(
+            f"{source}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
     ignorable = ("rotary_emb.inv_freq",)
     unexpected = [n for n in state if n not in expected and not n.endswith(ignorable)]
     if tied:
