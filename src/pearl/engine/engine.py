@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pearl.engine.block_manager import BlockManager, OutOfBlocks
+from pearl.engine.block_manager import BlockManager
 from pearl.engine.kv_transfer import KVChunk, token_digest
 from pearl.engine.model_runner import ModelRunner
 from pearl.engine.scheduler import InFlight, Scheduler, SchedulerConfig
-from pearl.engine.sequence import Request, RequestOutput, Role, Sequence, SequenceStatus
+from pearl.engine.sequence import Request, RequestOutput, Role, Sequence
 from pearl.errors import EngineStateError, KVTransferError, RequestError
 from pearl.models.config import ModelConfig
 from pearl.models.decoder import DecoderForCausalLM
@@ -268,69 +268,18 @@ class LLMEngine:
             raise KVTransferError(
                 f"KV chunk of session {sid!r} has shape {chunk.keys.shape}, expected {expected}"
             )
-        if any(s.session_id == sid for s in self.scheduler.running + list(self.scheduler.waiting)):
-            raise KVTransferError(
-                f"session {sid!r} has a request in flight on this engine; import between turns"
-            )
         if chunk.end >= self.scheduler.config.max_model_len:
             raise KVTransferError(
                 f"KV chunk of session {sid!r} ends at {chunk.end}, beyond max_model_len"
             )
-        pinned = self.scheduler.sessions.get(sid)
-        held = pinned.num_computed_tokens if pinned is not None else 0
-        held_tokens = pinned.token_ids[:held] if pinned is not None else []
-        if chunk.start > held:
-            raise KVTransferError(
-                f"session {sid!r}: engine holds {held} tokens but the chunk starts at {chunk.start}; "
-                f"export from token {held}"
-            )
-        if token_digest(held_tokens[: chunk.start]) != chunk.prefix_digest:
-            raise KVTransferError(
-                f"session {sid!r}: the chunk's prefix tokens [0, {chunk.start}) differ from the tokens held here"
-            )
-        overlap = held - chunk.start
-        if (
-            tuple(held_tokens[chunk.start : held])
-            != chunk.token_ids[: min(overlap, chunk.num_tokens)]
-        ):
-            raise KVTransferError(
-                f"session {sid!r}: the chunk's token ids differ from the held tokens [{chunk.start}, {held})"
-            )
+        seq, overlap = self.scheduler.import_session(
+            sid, chunk.start, chunk.token_ids, chunk.prefix_digest, self.clock()
+        )
         if overlap >= chunk.num_tokens:
             return 0
-        if pinned is None:
-            pinned = Sequence(Request(f"kv-import:{sid}", [], session_id=sid), 0, self.clock())
-            pinned.status = SequenceStatus.FINISHED
-        # Reserve blocks first so a failure changes nothing.
-        new_tokens = list(chunk.token_ids[overlap:])
-        before = len(pinned.block_table)
-        pinned_was = self.scheduler.sessions.pop(sid, None)
-        try:
-            while True:
-                try:
-                    self.blocks.allocate(pinned, chunk.end)
-                    break
-                except OutOfBlocks:
-                    if not self.scheduler.sessions:
-                        raise
-                    self.scheduler.release_session(next(iter(self.scheduler.sessions)))
-        except OutOfBlocks as exc:
-            if pinned_was is not None:
-                self.scheduler.sessions[sid] = pinned_was
-            raise KVTransferError(
-                f"session {sid!r}: no KV memory for {chunk.num_tokens - overlap} more tokens ({exc})"
-            ) from exc
-        assert len(pinned.block_table) >= before
-        pinned.token_ids = held_tokens + new_tokens
-        kv = torch.from_numpy(
-            np.stack([chunk.keys[:, overlap:], chunk.values[:, overlap:]], axis=1)
-        )
-        self.runner.write_kv(pinned, held, kv)
-        pinned.num_computed_tokens = chunk.end
-        self.blocks.commit(pinned)
-        pinned.telemetry.kv_tokens_imported += len(new_tokens)
-        self.scheduler.sessions[sid] = pinned
-        return len(new_tokens)
+        kv = np.stack([chunk.keys[:, overlap:], chunk.values[:, overlap:]], axis=1)
+        self.runner.write_kv(seq, chunk.start + overlap, torch.from_numpy(kv))
+        return chunk.num_tokens - overlap
 
     # -- roles ----------------------------------------------------------------------
     def set_role(self, role: Role, in_flight: InFlight = InFlight.DRAIN) -> list[RequestOutput]:

@@ -13,18 +13,21 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pearl.engine.block_manager import BlockManager, OutOfBlocks
+from pearl.engine.kv_transfer import token_digest
 from pearl.engine.sequence import (
     FinishReason,
+    Request,
     RequestOutput,
     Role,
     Sequence,
     SequenceStatus,
 )
-from pearl.errors import EngineStateError, RequestError
+from pearl.errors import EngineStateError, KVTransferError, RequestError
 
 
 class InFlight(StrEnum):
@@ -397,6 +400,70 @@ class Scheduler:
             return False
         self.blocks.release(seq)
         return True
+
+    def import_session(
+        self,
+        session_id: str,
+        start: int,
+        token_ids: Sequence_[int],
+        prefix_digest: str,
+        now: float = 0.0,
+    ) -> tuple[Sequence, int]:
+        """Extend the pinned KV of ``session_id`` with tokens ``[start, start + len(token_ids))``
+        computed elsewhere; reserve their blocks and mark them computed.
+
+        Returns the pinned sequence and how many leading tokens of the chunk were
+        already held (their KV is kept). The caller writes the KV of the rest. Raises
+        ``KVTransferError`` and changes nothing if the chunk does not continue what is held.
+        """
+        if any(s.session_id == session_id for s in self._in_flight()):
+            raise KVTransferError(
+                f"session {session_id!r} has a request in flight on this engine; import between turns"
+            )
+        pinned = self.sessions.get(session_id)
+        held = pinned.num_computed_tokens if pinned is not None else 0
+        held_tokens = pinned.token_ids[:held] if pinned is not None else []
+        end = start + len(token_ids)
+        if start > held:
+            raise KVTransferError(
+                f"session {session_id!r}: engine holds {held} tokens but the chunk starts at {start}; "
+                f"export from token {held}"
+            )
+        if token_digest(held_tokens[:start]) != prefix_digest:
+            raise KVTransferError(
+                f"session {session_id!r}: the chunk's prefix tokens [0, {start}) differ from the tokens held here"
+            )
+        overlap = held - start
+        if list(held_tokens[start:held]) != list(token_ids[: min(overlap, len(token_ids))]):
+            raise KVTransferError(
+                f"session {session_id!r}: the chunk's token ids differ from the held tokens [{start}, {held})"
+            )
+        if overlap >= len(token_ids):
+            return pinned, overlap
+        if pinned is None:
+            pinned = Sequence(Request(f"kv-import:{session_id}", [], session_id=session_id), 0, now)
+            pinned.status = SequenceStatus.FINISHED
+        else:
+            self.sessions.pop(session_id)
+        # Reserve first (unpinning other sessions if needed) so a failure changes nothing.
+        while True:
+            try:
+                self.blocks.allocate(pinned, end)
+                break
+            except OutOfBlocks as exc:
+                if not self.sessions:
+                    if held:
+                        self.sessions[session_id] = pinned
+                    raise KVTransferError(
+                        f"session {session_id!r}: no KV memory for {end - held} more tokens ({exc})"
+                    ) from exc
+                self.release_session(next(iter(self.sessions)))
+        pinned.token_ids = held_tokens + list(token_ids[overlap:])
+        pinned.num_computed_tokens = end
+        pinned.telemetry.kv_tokens_imported += end - held
+        self.blocks.commit(pinned)
+        self.sessions[session_id] = pinned
+        return pinned, overlap
 
     def incompatible_with(self, role: Role) -> list[Sequence]:
         """In-flight sequences that ``role`` cannot run."""
