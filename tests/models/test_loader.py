@@ -105,7 +105,11 @@ def test_config_that_is_not_an_object(folder: Path) -> None:
         ("hidden_act", "gelu", "hidden_act 'gelu'"),
         ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "'yarn'"),
         ("rope_scaling", "llama3", "rope_scaling"),
-        ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}, "'dynamic'"),
+        (
+            "rope_parameters",
+            {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+            "'dynamic'",
+        ),
     ],
 )
 def test_invalid_config_fields_are_named(field: str, value, fragment: str) -> None:
@@ -130,10 +134,16 @@ def test_transformers5_rope_parameters_are_read() -> None:
     assert cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] == "llama3"
     assert cfg.rope_scaling["factor"] == 8.0
     default = ModelConfig.from_dict(
-        {"model_type": "qwen3", **BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+        {
+            "model_type": "qwen3",
+            **BASE,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        }
     )
     assert default.rope_theta == 1e6 and default.rope_scaling is None
-    legacy = ModelConfig.from_dict({"model_type": "qwen3", **BASE, "rope_theta": 1e6, "rope_scaling": None})
+    legacy = ModelConfig.from_dict(
+        {"model_type": "qwen3", **BASE, "rope_theta": 1e6, "rope_scaling": None}
+    )
     assert legacy.rope_theta == 1e6 and legacy.rope_scaling is None
 
 
@@ -198,7 +208,10 @@ def shard(folder: Path) -> dict[str, str]:
     state = load_file(str(folder / "model.safetensors"))
     (folder / "model.safetensors").unlink()
     names = sorted(state)
-    parts = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    parts = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
     weight_map = {}
     for file, part in parts.items():
         save_file({n: state[n] for n in part}, str(folder / file))
@@ -273,7 +286,9 @@ def test_load_state_dict_copies_everything() -> None:
 
 ROUND_TRIP = {
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1e6, eos_token_id=[3, 5]),
-    "qwen3_tied": dict(model_type="qwen3", tie_word_embeddings=True, rms_norm_eps=1e-5, eos_token_id=7),
+    "qwen3_tied": dict(
+        model_type="qwen3", tie_word_embeddings=True, rms_norm_eps=1e-5, eos_token_id=7
+    ),
     "llama3_bias": dict(
         model_type="llama",
         attention_bias=True,

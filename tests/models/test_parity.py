@@ -104,7 +104,7 @@ def _build_hf(arch: str, kwargs: dict, seed: int) -> torch.nn.Module:
     with torch.no_grad():
         # Perturb every tensor (norm weights, biases too) so a swapped or skipped tensor shows.
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+            p.add_(torch.randn_like(p) * 0.2)
     return model.float().eval()
 
 

@@ -1,0 +1,125 @@
+"""What the control plane needs from a world: rollout workers, a KV mover, a trainer, a clock.
+
+The live world (Ray actors over ``pearl.engine``) and the simulated world
+(``pearl.sim``) both implement these; everything in ``pearl.control`` is written
+against them only. Pure Python: no torch, no engine, no simulator imports.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class WorkerRole(enum.StrEnum):
+    """The role of a worker slot (values match the engine's roles where they overlap)."""
+
+    COLOCATED = "colocated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    TRAINING = "training"
+
+
+@dataclass(slots=True, frozen=True)
+class TurnRequest:
+    """One turn of a trajectory: continue ``token_ids`` (the whole context) by up to
+    ``max_new_tokens`` tokens."""
+
+    request_id: str
+    session_id: str
+    token_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = True
+
+
+@dataclass(slots=True)
+class TurnTelemetry:
+    """Where a turn's time went (world clock seconds) and what it computed."""
+
+    submitted_at: float = 0.0
+    first_token_at: float | None = None
+    finished_at: float = 0.0
+    prefill_tokens_computed: int = 0
+    prefill_tokens_cached: int = 0
+    kv_bytes_moved: int = 0
+    kv_transfer_s: float = 0.0
+    preemptions: int = 0
+    prefill_worker: str | None = None
+    decode_worker: str | None = None
+
+
+@dataclass(slots=True)
+class TurnOutput:
+    """A finished (or aborted) turn: generated tokens and their log-probabilities."""
+
+    request_id: str
+    session_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    weight_version: int
+    telemetry: TurnTelemetry = field(default_factory=TurnTelemetry)
+
+
+@runtime_checkable
+class RolloutWorker(Protocol):
+    """One rollout worker (a TP group running one engine)."""
+
+    worker_id: str
+
+    @property
+    def role(self) -> WorkerRole: ...
+
+    async def generate(self, turn: TurnRequest) -> TurnOutput:
+        """Colocated: prefill and decode the turn here."""
+
+    async def prefill(self, turn: TurnRequest) -> TurnOutput:
+        """Prefill role: compute the turn's new KV, sample its first token, keep the KV."""
+
+    async def decode(self, turn: TurnRequest) -> TurnOutput:
+        """Decode role: continue a turn whose KV (all but the last token) was imported."""
+
+    def session_length(self, session_id: str) -> int:
+        """Tokens of the session whose KV this worker holds."""
+
+    async def release_session(self, session_id: str) -> None:
+        """Forget the session's KV (the trajectory ended or moved)."""
+
+    async def abort_all(self) -> list[TurnOutput]:
+        """Stop every in-flight turn; return partial outputs."""
+
+
+class KVMover(Protocol):
+    """Moves a session's KV for tokens ``[start, end)`` from a prefill to a decode worker."""
+
+    async def move(
+        self, src: RolloutWorker, dst: RolloutWorker, session_id: str, token_ids: list[int], start: int, end: int
+    ) -> tuple[int, float]:
+        """Return (bytes moved, seconds taken)."""
+
+
+class Clock(Protocol):
+    """The world's time: wall clock (live) or virtual (simulated)."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class AsyncioClock:
+    """A ``Clock`` over the running asyncio loop: wall time live, virtual time in the simulator."""
+
+    def now(self) -> float:
+        import asyncio
+
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(seconds)

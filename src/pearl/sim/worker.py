@@ -1,0 +1,375 @@
+"""The simulated rollout worker: the engine's own scheduler and block manager, with the
+forward pass replaced by a cost model and the clock by virtual time.
+
+Commands (new turns, KV imports, session releases) reach the engine between
+iterations, as they do in the live engine. Stretches where the batch cannot change
+(decode-only, nothing admissible waiting) are fast-forwarded in one timer: the
+worker computes when each upcoming iteration would end, sleeps until the first
+sequence finishes, and applies all those iterations at once. A command arriving
+mid-stretch interrupts it at the end of the iteration in progress, so completion
+times equal iteration-by-iteration stepping exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, WorkerRole
+from pearl.engine.block_manager import BlockManager
+from pearl.engine.kv_transfer import token_digest
+from pearl.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from pearl.engine.sequence import FinishReason, Request, RequestOutput, Role, SamplingParams
+from pearl.engine.sequence import Sequence as EngineSequence
+from pearl.errors import EngineStateError
+
+
+class IterationCost(Protocol):
+    """The part of the cost model a worker needs (see ``pearl.sim.costmodel``)."""
+
+    def iteration_time(self, prefills: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float: ...
+
+    def decode_time(self, batch_size: int, total_context: int) -> float: ...
+
+
+@dataclass(slots=True)
+class SimEngineConfig:
+    """Capacity and batching of one simulated engine (mirrors ``EngineConfig``)."""
+
+    num_kv_blocks: int = 4096
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int = 40960
+    local_prefill_max_tokens: int = 0
+    fast_forward: bool = True
+
+
+@dataclass(slots=True)
+class WorkerCounters:
+    iterations: int = 0
+    fast_forwards: int = 0
+    fast_forwarded_iterations: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+
+def synthetic_token(session_id: str, position: int, vocab_size: int) -> int:
+    """Deterministic stand-in for a sampled token: differs across sessions and positions,
+    so siblings diverge after their shared prompt, as real samples do."""
+    return 1 + (zlib.crc32(session_id.encode()) + position * 2654435761) % (vocab_size - 1)
+
+
+class SimulatedWorker:
+    """A rollout worker in virtual time, implementing ``pearl.control.interfaces.RolloutWorker``."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        cost: IterationCost,
+        config: SimEngineConfig | None = None,
+        role: WorkerRole = WorkerRole.COLOCATED,
+        vocab_size: int = 151_936,
+        weight_version: int = 0,
+        on_iteration: Callable[[str, float, float, SchedulerOutput], None] | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.cost = cost
+        self.config = config or SimEngineConfig()
+        self.vocab_size = vocab_size
+        self.weight_version = weight_version
+        self.counters = WorkerCounters()
+        self._on_iteration = on_iteration
+        cfg = self.config
+        self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_num_seqs=cfg.max_num_seqs,
+                max_model_len=cfg.max_model_len,
+                role=_engine_role(role),
+                local_prefill_max_tokens=cfg.local_prefill_max_tokens,
+            ),
+            self.blocks,
+        )
+        self._role = role
+        self._inbox: list[Callable[[], None]] = []
+        self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
+        self._wakeup: asyncio.Future[bool] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- RolloutWorker -----------------------------------------------------------
+    @property
+    def role(self) -> WorkerRole:
+        return self._role
+
+    async def generate(self, turn: TurnRequest) -> TurnOutput:
+        return await self._run_turn(turn, pin=True)
+
+    async def prefill(self, turn: TurnRequest) -> TurnOutput:
+        if self._role is not WorkerRole.PREFILL:
+            raise EngineStateError(f"worker {self.worker_id} is {self._role}, not prefill")
+        return await self._run_turn(turn, pin=True)
+
+    async def decode(self, turn: TurnRequest) -> TurnOutput:
+        if self._role is not WorkerRole.DECODE:
+            raise EngineStateError(f"worker {self.worker_id} is {self._role}, not decode")
+        return await self._run_turn(turn, pin=True)
+
+    def session_length(self, session_id: str) -> int:
+        return self.scheduler.session_length(session_id)
+
+    async def release_session(self, session_id: str) -> None:
+        await self._command(lambda: self.scheduler.release_session(session_id))
+
+    async def import_kv(self, session_id: str, token_ids: list[int], start: int, end: int) -> int:
+        """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens added."""
+        chunk = token_ids[start:end]
+        digest = token_digest(token_ids[:start])
+
+        def apply() -> int:
+            _, overlap = self.scheduler.import_session(session_id, start, chunk, digest, self._now())
+            return max(0, len(chunk) - overlap)
+
+        return await self._command(apply)
+
+    async def abort_all(self) -> list[TurnOutput]:
+        def apply() -> list[RequestOutput]:
+            seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+            return [o for s in seqs if (o := self.scheduler.abort(s.request_id)) is not None]
+
+        outputs = await self._command(apply)
+        for out in outputs:
+            fut = self._futures.pop(out.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(out)
+        return [self._turn_output(o, 0.0) for o in outputs]
+
+    async def set_role(self, role: WorkerRole) -> list[TurnOutput]:
+        """Switch role, handing back (aborting) in-flight work the new role cannot run."""
+
+        def apply() -> list[RequestOutput]:
+            engine_role = _engine_role(role)
+            outs = self.scheduler.hand_back(self.scheduler.incompatible_with(engine_role))
+            self.scheduler.config.role = engine_role
+            self._role = role
+            return outs
+
+        outputs = await self._command(apply)
+        for out in outputs:
+            fut = self._futures.pop(out.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(out)
+        return [self._turn_output(o, 0.0) for o in outputs]
+
+    def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- internals -----------------------------------------------------------------
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _run_turn(self, turn: TurnRequest, pin: bool) -> TurnOutput:
+        submitted = self._now()
+        sampling = SamplingParams(
+            temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, seed=turn.seed,
+            max_new_tokens=turn.max_new_tokens, ignore_eos=True,
+        )
+        request = Request(turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=pin)
+        fut: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
+
+        def apply() -> None:
+            self.scheduler.add(EngineSequence(request, 0, self._now()))
+            self._futures[turn.request_id] = fut
+
+        await self._command(apply)
+        return self._turn_output(await fut, submitted)
+
+    def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
+        t = out.telemetry
+        return TurnOutput(
+            request_id=out.request_id,
+            session_id=out.session_id or "",
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason.value,
+            weight_version=out.weight_version,
+            telemetry=TurnTelemetry(
+                submitted_at=submitted,
+                first_token_at=t.first_token_at,
+                finished_at=t.finished_at if t.finished_at is not None else self._now(),
+                prefill_tokens_computed=t.prefill_tokens_computed,
+                prefill_tokens_cached=t.prefill_tokens_cached,
+                preemptions=t.preemptions,
+                prefill_worker=self.worker_id if self._role is not WorkerRole.DECODE else None,
+                decode_worker=self.worker_id if self._role is not WorkerRole.PREFILL else None,
+            ),
+        )
+
+    async def _command(self, apply: Callable[[], object]):
+        """Run ``apply`` on the engine between iterations; return its result."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def run() -> None:
+            try:
+                fut.set_result(apply())
+            except Exception as exc:  # delivered to the caller, the engine keeps running
+                fut.set_exception(exc)
+
+        self._inbox.append(run)
+        self._ensure_running()
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(True)
+        return await fut
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._engine_loop())
+
+    def _drain_inbox(self) -> None:
+        inbox, self._inbox = self._inbox, []
+        for run in inbox:
+            run()
+
+    async def _sleep_until(self, deadline: float | None) -> bool:
+        """Sleep until ``deadline`` (None: forever) or a command arrives; True if woken early."""
+        loop = asyncio.get_running_loop()
+        if self._inbox:
+            return True
+        self._wakeup = loop.create_future()
+        handle = None
+        if deadline is not None:
+            handle = loop.call_at(deadline, lambda f=self._wakeup: f.done() or f.set_result(False))
+        try:
+            return await self._wakeup
+        finally:
+            if handle is not None:
+                handle.cancel()
+            self._wakeup = None
+
+    async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sched = self.scheduler
+        while not self._closed:
+            self._drain_inbox()
+            if not sched.has_work():
+                await self._sleep_until(None)
+                continue
+            now = loop.time()
+            out = sched.schedule(now)
+            if out.is_empty:
+                self._finish(sched.postprocess(out, [], [], self.weight_version, now))
+                await self._sleep_until(None)  # blocked on memory until something changes
+                continue
+            if self.config.fast_forward and self._can_fast_forward(out):
+                await self._fast_forward(out, now)
+                continue
+            dt = self.cost.iteration_time(
+                [(c.num_tokens, c.start) for c in out.prefills], [s.num_tokens for s in out.decodes]
+            )
+            await asyncio.sleep(dt)
+            self._account(out, now, dt)
+            self._finish(self._postprocess(out, loop.time()))
+
+    def _postprocess(self, out: SchedulerOutput, now: float) -> list[RequestOutput]:
+        samplers = out.sampling_sequences()
+        tokens = [synthetic_token(s.session_id or s.request_id, s.num_tokens, self.vocab_size) for s in samplers]
+        return self.scheduler.postprocess(out, tokens, [0.0] * len(tokens), self.weight_version, now)
+
+    def _account(self, out: SchedulerOutput, start: float, dt: float, iterations: int = 1) -> None:
+        c = self.counters
+        c.iterations += iterations
+        c.busy_s += dt
+        c.prefill_tokens += sum(ch.num_tokens for ch in out.prefills)
+        c.decode_tokens += len(out.decodes) * iterations
+        if self._on_iteration is not None:
+            self._on_iteration(self.worker_id, start, dt, out)
+
+    def _finish(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            fut = self._futures.pop(out.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(out)
+
+    # -- fast-forward ----------------------------------------------------------------
+    def _can_fast_forward(self, out: SchedulerOutput) -> bool:
+        sched = self.scheduler
+        if out.prefills or not out.decodes or len(out.decodes) != len(sched.running):
+            return False
+        # A waiting request could be admitted next iteration unless the sequence cap is reached.
+        return not sched.waiting or len(sched.running) >= sched.config.max_num_seqs
+
+    def _steps_until_change(self, decodes: list[EngineSequence]) -> int:
+        max_len = self.scheduler.config.max_model_len
+        steps = min(
+            min(s.sampling.max_new_tokens - s.num_output_tokens, max_len - s.num_tokens) for s in decodes
+        )
+        # Never run past the blocks available: stepping would preempt there.
+        bs = self.blocks.block_size
+        free = self.blocks.num_free_blocks
+        lo, hi = 1, steps
+        while lo < hi:  # largest k whose extra blocks (beyond step 1, already reserved) fit
+            mid = (lo + hi + 1) // 2
+            need = sum(max(0, -(-(s.num_tokens + mid - 1) // bs) - len(s.block_table)) for s in decodes)
+            if need <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    async def _fast_forward(self, out: SchedulerOutput, start: float) -> None:
+        decodes = out.decodes
+        batch = len(decodes)
+        k = self._steps_until_change(decodes)
+        total = sum(s.num_tokens for s in decodes)
+        ends: list[float] = []
+        t = start
+        for i in range(k):
+            t += self.cost.decode_time(batch, total + i * batch)
+            ends.append(t)
+        interrupted = await self._sleep_until(ends[-1])
+        steps = k
+        if interrupted:
+            now = asyncio.get_running_loop().time()
+            steps = bisect_left(ends, now) + 1  # iterations done, plus the one in progress
+            steps = min(steps, k)
+            await asyncio.sleep(max(0.0, ends[steps - 1] - now))
+        self._apply_decode_steps(out, steps)
+        c = self.counters
+        c.fast_forwards += 1
+        c.fast_forwarded_iterations += steps
+        self._account(out, start, ends[steps - 1] - start, iterations=steps)
+        now = asyncio.get_running_loop().time()
+        # The last iteration's tokens go through the normal path (finishing sequences).
+        self._finish(self._postprocess(out, now))
+
+    def _apply_decode_steps(self, out: SchedulerOutput, steps: int) -> None:
+        """Apply all but the last of ``steps`` decode iterations in bulk (no sequence
+        finishes in them); the caller postprocesses the last one normally."""
+        if steps <= 1:
+            return
+        for seq in out.decodes:
+            sid = seq.session_id or seq.request_id
+            base = seq.num_tokens
+            new = [synthetic_token(sid, base + i, self.vocab_size) for i in range(steps - 1)]
+            self.blocks.allocate(seq, base + steps - 1)
+            if seq.telemetry.first_token_at is None and seq.num_output_tokens == 0:
+                seq.telemetry.first_token_at = asyncio.get_running_loop().time()
+            seq.num_computed_tokens += steps - 1
+            seq.token_ids.extend(new)
+            seq.output_logprobs.extend([0.0] * (steps - 1))
+            self.blocks.commit(seq)
+
+
+def _engine_role(role: WorkerRole) -> Role:
+    if role is WorkerRole.TRAINING:
+        raise EngineStateError("a training worker runs no engine")
+    return Role(role.value)

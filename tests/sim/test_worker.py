@@ -1,0 +1,125 @@
+"""The simulated worker: engine scheduler + cost model in virtual time, with fast-forward."""
+
+import asyncio
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pearl.control.interfaces import TurnRequest, WorkerRole
+from pearl.sim.clock import run_virtual
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+
+
+class LinearCost:
+    """A stand-in cost model: fixed + per-token + per-context-token terms."""
+
+    def iteration_time(self, prefills, decode_contexts):
+        tokens = sum(n for n, _ in prefills) + len(decode_contexts)
+        context = sum(n * p + n * (n + 1) / 2 for n, p in prefills) * 1e-9 + sum(decode_contexts) * 1e-7
+        return 0.004 + tokens * 2e-5 + context
+
+    def decode_time(self, batch_size, total_context):
+        return 0.004 + batch_size * 2e-5 + total_context * 1e-7
+
+
+def make_workload(seed, sessions, turns):
+    rng = random.Random(seed)
+    return [
+        dict(
+            sid=f"s{i}",
+            start=rng.uniform(0, 0.5),
+            prompt=rng.randint(5, 400),
+            turns=[(rng.randint(1, 120), rng.randint(1, 80), rng.uniform(0.01, 0.4)) for _ in range(turns)],
+        )
+        for i in range(sessions)
+    ]
+
+
+async def run_sessions(worker, workload):
+    """Each session: wait, then turns of (appended tokens, response tokens, env time)."""
+    times = {}
+
+    async def session(spec):
+        await asyncio.sleep(spec["start"])
+        context = [7] * spec["prompt"]
+        for k, (obs, resp, env) in enumerate(spec["turns"]):
+            context = context + [k + 3] * obs
+            out = await worker.generate(TurnRequest(f"{spec['sid']}/{k}", spec["sid"], context, resp))
+            assert len(out.token_ids) == resp
+            times[(spec["sid"], k)] = out.telemetry.finished_at
+            context = context + out.token_ids
+            await asyncio.sleep(env)
+
+    await asyncio.gather(*(session(s) for s in workload))
+    worker.close()
+    return times
+
+
+def simulate(workload, fast_forward, **cfg):
+    async def main():
+        config = SimEngineConfig(fast_forward=fast_forward, **cfg)
+        worker = SimulatedWorker("w0", LinearCost(), config, vocab_size=1000)
+        times = await run_sessions(worker, workload)
+        return times, worker.counters
+
+    return run_virtual(main)[0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    sessions=st.integers(1, 12),
+    max_seqs=st.integers(2, 16),
+    blocks=st.integers(120, 800),
+    budget=st.integers(64, 1024),
+)
+def test_fast_forward_gives_the_same_completion_times_as_stepping(seed, sessions, max_seqs, blocks, budget):
+    workload = make_workload(seed, sessions, turns=3)
+    cfg = dict(num_kv_blocks=blocks, block_size=16, max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=4096)
+    stepped, c_step = simulate(workload, False, **cfg)
+    jumped, c_ff = simulate(workload, True, **cfg)
+    assert stepped.keys() == jumped.keys()
+    for key, t in stepped.items():
+        assert jumped[key] == pytest.approx(t, rel=1e-9), key
+    assert c_step.iterations == c_ff.iterations
+    assert c_ff.fast_forwards > 0 or c_ff.iterations == c_step.iterations
+
+
+def test_fast_forward_runs_far_fewer_engine_wakeups():
+    workload = make_workload(1, 16, turns=4)
+    stepped, c_step = simulate(workload, False)
+    jumped, c_ff = simulate(workload, True)
+    assert c_ff.fast_forwarded_iterations > 0.5 * c_ff.iterations
+    assert max(jumped.values()) == pytest.approx(max(stepped.values()), rel=1e-9)
+
+
+def test_turns_reuse_the_pinned_session_kv():
+    async def main():
+        worker = SimulatedWorker("w0", LinearCost(), SimEngineConfig(), vocab_size=1000)
+        first = await worker.generate(TurnRequest("a/0", "a", [1] * 300, 20))
+        second = await worker.generate(TurnRequest("a/1", "a", [1] * 300 + first.token_ids + [2] * 50, 20))
+        worker.close()
+        return second
+
+    second = run_virtual(main)[0]
+    assert second.telemetry.prefill_tokens_cached == 319
+    assert second.telemetry.prefill_tokens_computed == 51
+
+
+def test_prefill_and_decode_workers_with_kv_import():
+    async def main():
+        p = SimulatedWorker("p", LinearCost(), SimEngineConfig(), role=WorkerRole.PREFILL, vocab_size=1000)
+        d = SimulatedWorker("d", LinearCost(), SimEngineConfig(), role=WorkerRole.DECODE, vocab_size=1000)
+        ctx = [1] * 200
+        first = await p.prefill(TurnRequest("a/0/p", "a", ctx, 30))
+        assert first.finish_reason == "prefilled" and len(first.token_ids) == 1
+        assert await d.import_kv("a", ctx, 0, 200) == 200
+        rest = await d.decode(TurnRequest("a/0/d", "a", ctx + first.token_ids, 29))
+        p.close()
+        d.close()
+        return first.token_ids + rest.token_ids
+
+    tokens = run_virtual(main)[0]
+    assert len(tokens) == 30
