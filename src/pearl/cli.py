@@ -48,6 +48,27 @@ def demo(
         raise typer.Exit(code=1)
 
 
+@app.command(context_settings={"allow_extra_args": True})
+def simulate(
+    ctx: typer.Context,
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="YAML config file (default: built-in)"
+    ),
+) -> None:
+    """One rollout batch on fixed deployments of a simulated cluster; extra args are key=value overrides."""
+    from pearl.config import SimulateConfig, load_config
+    from pearl.errors import PearlError
+    from pearl.sim.simulate import run_simulate
+
+    try:
+        cfg = load_config(SimulateConfig, config, list(ctx.args))
+        outcome = run_simulate(cfg)
+    except (PearlError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    print(f"run folder: {outcome.run_dir}")
+
+
 @app.command()
 def version() -> None:
     """Print PEARL's version."""

@@ -27,3 +27,11 @@ class KVTransferError(PearlError, ValueError):
 
 class EngineStateError(PearlError, RuntimeError):
     """An operation is not valid in the engine's current state (asleep, wrong role)."""
+
+
+class WorkloadError(PearlError, ValueError):
+    """A workload value (trajectory, profile, availability trace) is inconsistent or out of range."""
+
+
+class TraceFormatError(PearlError, ValueError):
+    """A trace file (rollout JSONL, availability CSV) is malformed; the message names file, line and field."""

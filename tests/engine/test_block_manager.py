@@ -32,7 +32,7 @@ def test_whole_prompt_hit_still_leaves_the_last_token_to_compute():
     compute_all(bm, a)
     b = make_seq(range(8), "b")
     assert bm.attach_prefix(b) == 4  # block 2 would cover the last token, so it is recomputed
-    assert bm.blocks[b.block_table[0]].ref_count == 2
+    assert bm.ref_count(b.block_table[0]) == 2
 
 
 def test_prefix_must_match_token_ids_not_only_position():

@@ -17,11 +17,16 @@ class LinearCost:
 
     def iteration_time(self, prefills, decode_contexts):
         tokens = sum(n for n, _ in prefills) + len(decode_contexts)
-        context = sum(n * p + n * (n + 1) / 2 for n, p in prefills) * 1e-9 + sum(decode_contexts) * 1e-7
+        context = (
+            sum(n * p + n * (n + 1) / 2 for n, p in prefills) * 1e-9 + sum(decode_contexts) * 1e-7
+        )
         return 0.004 + tokens * 2e-5 + context
 
     def decode_time(self, batch_size, total_context):
         return 0.004 + batch_size * 2e-5 + total_context * 1e-7
+
+    def decode_times(self, batch_size, total_context, steps):
+        return [self.decode_time(batch_size, total_context + i * batch_size) for i in range(steps)]
 
 
 def make_workload(seed, sessions, turns):
@@ -31,7 +36,10 @@ def make_workload(seed, sessions, turns):
             sid=f"s{i}",
             start=rng.uniform(0, 0.5),
             prompt=rng.randint(5, 400),
-            turns=[(rng.randint(1, 120), rng.randint(1, 80), rng.uniform(0.01, 0.4)) for _ in range(turns)],
+            turns=[
+                (rng.randint(1, 120), rng.randint(1, 80), rng.uniform(0.01, 0.4))
+                for _ in range(turns)
+            ],
         )
         for i in range(sessions)
     ]
@@ -46,7 +54,9 @@ async def run_sessions(worker, workload):
         context = [7] * spec["prompt"]
         for k, (obs, resp, env) in enumerate(spec["turns"]):
             context = context + [k + 3] * obs
-            out = await worker.generate(TurnRequest(f"{spec['sid']}/{k}", spec["sid"], context, resp))
+            out = await worker.generate(
+                TurnRequest(f"{spec['sid']}/{k}", spec["sid"], context, resp)
+            )
             assert len(out.token_ids) == resp
             times[(spec["sid"], k)] = out.telemetry.finished_at
             context = context + out.token_ids
@@ -75,9 +85,17 @@ def simulate(workload, fast_forward, **cfg):
     blocks=st.integers(120, 800),
     budget=st.integers(64, 1024),
 )
-def test_fast_forward_gives_the_same_completion_times_as_stepping(seed, sessions, max_seqs, blocks, budget):
+def test_fast_forward_gives_the_same_completion_times_as_stepping(
+    seed, sessions, max_seqs, blocks, budget
+):
     workload = make_workload(seed, sessions, turns=3)
-    cfg = dict(num_kv_blocks=blocks, block_size=16, max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=4096)
+    cfg = dict(
+        num_kv_blocks=blocks,
+        block_size=16,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=4096,
+    )
     stepped, c_step = simulate(workload, False, **cfg)
     jumped, c_ff = simulate(workload, True, **cfg)
     assert stepped.keys() == jumped.keys()
@@ -99,7 +117,9 @@ def test_turns_reuse_the_pinned_session_kv():
     async def main():
         worker = SimulatedWorker("w0", LinearCost(), SimEngineConfig(), vocab_size=1000)
         first = await worker.generate(TurnRequest("a/0", "a", [1] * 300, 20))
-        second = await worker.generate(TurnRequest("a/1", "a", [1] * 300 + first.token_ids + [2] * 50, 20))
+        second = await worker.generate(
+            TurnRequest("a/1", "a", [1] * 300 + first.token_ids + [2] * 50, 20)
+        )
         worker.close()
         return second
 
@@ -110,8 +130,12 @@ def test_turns_reuse_the_pinned_session_kv():
 
 def test_prefill_and_decode_workers_with_kv_import():
     async def main():
-        p = SimulatedWorker("p", LinearCost(), SimEngineConfig(), role=WorkerRole.PREFILL, vocab_size=1000)
-        d = SimulatedWorker("d", LinearCost(), SimEngineConfig(), role=WorkerRole.DECODE, vocab_size=1000)
+        p = SimulatedWorker(
+            "p", LinearCost(), SimEngineConfig(), role=WorkerRole.PREFILL, vocab_size=1000
+        )
+        d = SimulatedWorker(
+            "d", LinearCost(), SimEngineConfig(), role=WorkerRole.DECODE, vocab_size=1000
+        )
         ctx = [1] * 200
         first = await p.prefill(TurnRequest("a/0/p", "a", ctx, 30))
         assert first.finish_reason == "prefilled" and len(first.token_ids) == 1

@@ -98,7 +98,13 @@ class KVMover(Protocol):
     """Moves a session's KV for tokens ``[start, end)`` from a prefill to a decode worker."""
 
     async def move(
-        self, src: RolloutWorker, dst: RolloutWorker, session_id: str, token_ids: list[int], start: int, end: int
+        self,
+        src: RolloutWorker,
+        dst: RolloutWorker,
+        session_id: str,
+        token_ids: list[int],
+        start: int,
+        end: int,
     ) -> tuple[int, float]:
         """Return (bytes moved, seconds taken)."""
 

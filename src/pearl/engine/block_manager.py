@@ -22,16 +22,6 @@ def chain_hash(previous: int, tokens: Seq[int]) -> int:
     return hash((previous, tuple(tokens)))
 
 
-class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        self.hash = NO_HASH
-        self.token_ids: tuple[int, ...] = ()
-
-
 class OutOfBlocks(Exception):
     """Not enough free or evictable blocks; the caller preempts or waits."""
 
@@ -46,7 +36,10 @@ class BlockManager:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Per-block state in parallel lists (cheap to create for 10^5 blocks per worker).
+        self._ref = [0] * num_blocks
+        self._hash = [NO_HASH] * num_blocks
+        self._tokens: list[tuple[int, ...]] = [()] * num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # never-cached blocks (stack)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
         self._by_hash: dict[int, int] = {}
@@ -78,7 +71,7 @@ class BlockManager:
             tokens = tuple(token_ids[start : start + bs])
             h = chain_hash(prev, tokens)
             block_id = self._by_hash.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            if block_id is None or self._tokens[block_id] != tokens:
                 break
             found.append(block_id)
             prev = h
@@ -105,19 +98,17 @@ class BlockManager:
         """Register the blocks ``seq`` has completely computed in the prefix cache."""
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
-        prev = (
-            self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
-            if seq.num_hashed_blocks
-            else NO_HASH
-        )
+        table, ids, hashes = seq.block_table, seq.token_ids, self._hash
+        prev = hashes[table[seq.num_hashed_blocks - 1]] if seq.num_hashed_blocks else NO_HASH
         for i in range(seq.num_hashed_blocks, full):
-            block = self.blocks[seq.block_table[i]]
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(prev, tokens)
-            if block.hash == NO_HASH:
-                block.hash, block.token_ids = h, tokens
+            block_id = table[i]
+            tokens = tuple(ids[i * bs : (i + 1) * bs])
+            h = hash((prev, tokens))  # chain_hash, inlined: this loop is hot in the simulator
+            if hashes[block_id] == NO_HASH:
+                hashes[block_id] = h
+                self._tokens[block_id] = tokens
                 # A duplicate of an already cached block stays private; the first copy wins.
-                self._by_hash.setdefault(h, block.block_id)
+                self._by_hash.setdefault(h, block_id)
             prev = h
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
@@ -133,15 +124,15 @@ class BlockManager:
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
+        ref = self._ref
         for block_id in reversed(block_ids):  # tail blocks are evicted before their prefix
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
-                if self._by_hash.get(block.hash) == block_id:
+            ref[block_id] -= 1
+            assert ref[block_id] >= 0, f"block {block_id} freed twice"
+            if ref[block_id] == 0:
+                if self._by_hash.get(self._hash[block_id]) == block_id:
                     self._evictable[block_id] = None
                 else:
-                    self._reset(block)
+                    self._reset(block_id)
                     self._free.append(block_id)
 
     def release(self, seq: Sequence) -> None:
@@ -153,36 +144,35 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (new weights make cached KV stale)."""
-        for block_id in list(self._evictable):
-            self._reset(self.blocks[block_id])
-            self._free.append(block_id)
+        self._free.extend(self._evictable)
         self._evictable.clear()
-        for block in self.blocks:
-            self._reset(block)
+        self._hash = [NO_HASH] * self.num_blocks
+        self._tokens = [()] * self.num_blocks
         self._by_hash.clear()
 
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
     def _take(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
+        if self._ref[block_id] == 0:
             self._evictable.pop(block_id, None)
-        block.ref_count += 1
+        self._ref[block_id] += 1
 
     def _pop_free(self) -> int:
         if self._free:
             block_id = self._free.pop()
         else:
             block_id, _ = self._evictable.popitem(last=False)
-            block = self.blocks[block_id]
-            if self._by_hash.get(block.hash) == block_id:
-                del self._by_hash[block.hash]
-            self._reset(block)
-        self.blocks[block_id].ref_count = 1
+            h = self._hash[block_id]
+            if self._by_hash.get(h) == block_id:
+                del self._by_hash[h]
+            self._reset(block_id)
+        self._ref[block_id] = 1
         return block_id
 
-    @staticmethod
-    def _reset(block: Block) -> None:
-        block.hash = NO_HASH
-        block.token_ids = ()
+    def _reset(self, block_id: int) -> None:
+        self._hash[block_id] = NO_HASH
+        self._tokens[block_id] = ()
 
     def check_invariants(self, live_tables: list[list[int]]) -> None:
         """Assert reference counts equal the number of tables holding each block (tests)."""
@@ -190,14 +180,10 @@ class BlockManager:
         for table in live_tables:
             for block_id in table:
                 counts[block_id] += 1
-        for block in self.blocks:
-            assert block.ref_count == counts[block.block_id], (
-                block.block_id,
-                block.ref_count,
-                counts[block.block_id],
-            )
+        for block_id, count in enumerate(counts):
+            assert self._ref[block_id] == count, (block_id, self._ref[block_id], count)
         free, evictable = set(self._free), set(self._evictable)
         assert not free & evictable
-        held = {b.block_id for b in self.blocks if b.ref_count > 0}
+        held = {b for b in range(self.num_blocks) if self._ref[b] > 0}
         assert held.isdisjoint(free | evictable)
         assert len(held) + len(free) + len(evictable) == self.num_blocks

@@ -406,11 +406,12 @@ class Scheduler:
         session_id: str,
         start: int,
         token_ids: Sequence_[int],
-        prefix_digest: str,
+        prefix: str | Sequence_[int],
         now: float = 0.0,
     ) -> tuple[Sequence, int]:
         """Extend the pinned KV of ``session_id`` with tokens ``[start, start + len(token_ids))``
-        computed elsewhere; reserve their blocks and mark them computed.
+        computed elsewhere; reserve their blocks and mark them computed. ``prefix`` is the
+        tokens ``[0, start)`` the chunk continues, or their ``token_digest``.
 
         Returns the pinned sequence and how many leading tokens of the chunk were
         already held (their KV is kept). The caller writes the KV of the rest. Raises
@@ -429,7 +430,11 @@ class Scheduler:
                 f"session {session_id!r}: engine holds {held} tokens but the chunk starts at {start}; "
                 f"export from token {held}"
             )
-        if token_digest(held_tokens[:start]) != prefix_digest:
+        if isinstance(prefix, str):
+            prefix_matches = token_digest(held_tokens[:start]) == prefix
+        else:
+            prefix_matches = len(prefix) == start and held_tokens[:start] == list(prefix)
+        if not prefix_matches:
             raise KVTransferError(
                 f"session {session_id!r}: the chunk's prefix tokens [0, {start}) differ from the tokens held here"
             )

@@ -21,9 +21,8 @@ from typing import Protocol
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, WorkerRole
 from pearl.engine.block_manager import BlockManager
-from pearl.engine.kv_transfer import token_digest
 from pearl.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from pearl.engine.sequence import FinishReason, Request, RequestOutput, Role, SamplingParams
+from pearl.engine.sequence import Request, RequestOutput, Role, SamplingParams
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.errors import EngineStateError
 
@@ -31,9 +30,13 @@ from pearl.errors import EngineStateError
 class IterationCost(Protocol):
     """The part of the cost model a worker needs (see ``pearl.sim.costmodel``)."""
 
-    def iteration_time(self, prefills: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float: ...
+    def iteration_time(
+        self, prefills: Sequence[tuple[int, int]], decode_contexts: Sequence[int]
+    ) -> float: ...
 
     def decode_time(self, batch_size: int, total_context: int) -> float: ...
+
+    def decode_times(self, batch_size: int, total_context: int, steps: int) -> list[float]: ...
 
 
 @dataclass(slots=True)
@@ -131,10 +134,12 @@ class SimulatedWorker:
     async def import_kv(self, session_id: str, token_ids: list[int], start: int, end: int) -> int:
         """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens added."""
         chunk = token_ids[start:end]
-        digest = token_digest(token_ids[:start])
+        prefix = token_ids[:start]  # compared as tokens: cheaper than digesting them
 
         def apply() -> int:
-            _, overlap = self.scheduler.import_session(session_id, start, chunk, digest, self._now())
+            _, overlap = self.scheduler.import_session(
+                session_id, start, chunk, prefix, self._now()
+            )
             return max(0, len(chunk) - overlap)
 
         return await self._command(apply)
@@ -180,10 +185,16 @@ class SimulatedWorker:
     async def _run_turn(self, turn: TurnRequest, pin: bool) -> TurnOutput:
         submitted = self._now()
         sampling = SamplingParams(
-            temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, seed=turn.seed,
-            max_new_tokens=turn.max_new_tokens, ignore_eos=True,
+            temperature=turn.temperature,
+            top_p=turn.top_p,
+            top_k=turn.top_k,
+            seed=turn.seed,
+            max_new_tokens=turn.max_new_tokens,
+            ignore_eos=True,
         )
-        request = Request(turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=pin)
+        request = Request(
+            turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=pin
+        )
         fut: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
 
         def apply() -> None:
@@ -281,8 +292,13 @@ class SimulatedWorker:
 
     def _postprocess(self, out: SchedulerOutput, now: float) -> list[RequestOutput]:
         samplers = out.sampling_sequences()
-        tokens = [synthetic_token(s.session_id or s.request_id, s.num_tokens, self.vocab_size) for s in samplers]
-        return self.scheduler.postprocess(out, tokens, [0.0] * len(tokens), self.weight_version, now)
+        tokens = [
+            synthetic_token(s.session_id or s.request_id, s.num_tokens, self.vocab_size)
+            for s in samplers
+        ]
+        return self.scheduler.postprocess(
+            out, tokens, [0.0] * len(tokens), self.weight_version, now
+        )
 
     def _account(self, out: SchedulerOutput, start: float, dt: float, iterations: int = 1) -> None:
         c = self.counters
@@ -310,7 +326,8 @@ class SimulatedWorker:
     def _steps_until_change(self, decodes: list[EngineSequence]) -> int:
         max_len = self.scheduler.config.max_model_len
         steps = min(
-            min(s.sampling.max_new_tokens - s.num_output_tokens, max_len - s.num_tokens) for s in decodes
+            min(s.sampling.max_new_tokens - s.num_output_tokens, max_len - s.num_tokens)
+            for s in decodes
         )
         # Never run past the blocks available: stepping would preempt there.
         bs = self.blocks.block_size
@@ -318,7 +335,9 @@ class SimulatedWorker:
         lo, hi = 1, steps
         while lo < hi:  # largest k whose extra blocks (beyond step 1, already reserved) fit
             mid = (lo + hi + 1) // 2
-            need = sum(max(0, -(-(s.num_tokens + mid - 1) // bs) - len(s.block_table)) for s in decodes)
+            need = sum(
+                max(0, -(-(s.num_tokens + mid - 1) // bs) - len(s.block_table)) for s in decodes
+            )
             if need <= free:
                 lo = mid
             else:
@@ -332,8 +351,8 @@ class SimulatedWorker:
         total = sum(s.num_tokens for s in decodes)
         ends: list[float] = []
         t = start
-        for i in range(k):
-            t += self.cost.decode_time(batch, total + i * batch)
+        for dt in self.cost.decode_times(batch, total, k):
+            t += dt
             ends.append(t)
         interrupted = await self._sleep_until(ends[-1])
         steps = k

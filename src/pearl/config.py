@@ -1,0 +1,160 @@
+"""Run configuration: YAML files validated with pydantic, plus ``key=value`` overrides.
+
+Keys are grouped as DESIGN.md names them (``cluster.*``, ``model.*``, ``workload.*``,
+``sim.*``, ``logger.*``); unknown keys are errors that name the key and list the
+valid ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pearl.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    name: str = Field(
+        "Qwen3-30B-A3B", description="catalog name or path to a config.json / model folder"
+    )
+
+
+class ClusterSection(_Section):
+    gpu: str = Field("H800", description="GPU catalog name (H800, H100, H200, A100-80G, B200, ...)")
+    tp: int = Field(2, ge=1, le=64, description="tensor-parallel degree of each rollout worker")
+    deployments: list[str] = Field(
+        default_factory=lambda: ["8C"],
+        description="fixed deployments to run: '8C' (8 colocated) or '5P3D'",
+    )
+    profile: str | None = Field(
+        None, description="cost-model profile file (YAML/JSON) overriding constants"
+    )
+
+    @field_validator("deployments")
+    @classmethod
+    def _check_deployments(cls, value: list[str]) -> list[str]:
+        from pearl.sim.world import Deployment
+
+        for text in value:
+            Deployment.parse(text)
+        if not value:
+            raise ValueError("at least one deployment is needed")
+        return value
+
+
+class WorkloadSection(_Section):
+    profile: str = Field(
+        "swe", description="workload profile: swe, swe-thinking, gui, search, game, tiny"
+    )
+    num_tasks: int | None = Field(
+        None, ge=1, description="tasks per batch (default: the profile's)"
+    )
+    group_size: int | None = Field(
+        None, ge=1, description="trajectories per task (default: the profile's)"
+    )
+    seed: int = Field(0, ge=0)
+    trace: str | None = Field(
+        None, description="replay a JSONL trajectory trace instead of generating"
+    )
+
+
+class SimSection(_Section):
+    block_size: int = Field(16, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_model_len: int = Field(40960, ge=2)
+    fast_forward: bool = True
+
+
+class LoggerSection(_Section):
+    run_dir: str = Field("runs", description="parent folder of run folders")
+    run_name: str | None = Field(None, description="run folder name (default: a timestamp)")
+
+
+class SimulateConfig(_Section):
+    """``pearl simulate``: one rollout batch on fixed deployments of a simulated cluster."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    sim: SimSection = Field(default_factory=SimSection)
+    logger: LoggerSection = Field(default_factory=LoggerSection)
+
+
+def _parse_value(text: str) -> Any:
+    """``key=value`` values are YAML scalars or lists (``[8C, 5P3D]``)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides to a nested dict (a copy)."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. cluster.tp=4)")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = _parse_value(value)
+    return out
+
+
+def load_config(
+    model: type[BaseModel], path: str | Path | None, overrides: list[str] | None = None
+):
+    """Read a YAML config (or start from defaults), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} not found") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                section = _section_of(model, err["loc"][:-1])
+                valid = ", ".join(section.model_fields) if section else ""
+                msg = f"unknown key; valid keys here: {valid}"
+            lines.append(f"  {where}: {msg} (got {err.get('input')!r})")
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines)) from None
+
+
+def _section_of(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    node: Any = model
+    for part in loc:
+        field = node.model_fields.get(part) if hasattr(node, "model_fields") else None
+        if field is None:
+            return None
+        node = field.annotation
+    return node if isinstance(node, type) and issubclass(node, BaseModel) else None
+
+
+def dump_config(cfg: BaseModel) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

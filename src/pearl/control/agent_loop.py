@@ -1,0 +1,90 @@
+"""The multi-turn agent loop: one trajectory's turns through the router.
+
+Each turn appends the environment's observation to the context, asks the router
+for a response of the workload's length, keeps the response tokens the workload
+keeps, and waits the environment's latency. The same loop runs live (wall clock,
+real workers) and simulated (virtual clock, simulated workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pearl.control.interfaces import Clock, TurnOutput, TurnRequest
+from pearl.control.router import Router
+from pearl.workloads.agentic import Trajectory, observation_token_ids
+
+
+@dataclass(slots=True)
+class TrajectoryResult:
+    """What one trajectory produced: its turns' outputs, timing and tokens."""
+
+    session_id: str
+    trajectory: Trajectory
+    started_at: float
+    finished_at: float = 0.0
+    turns: list[TurnOutput] = field(default_factory=list)
+    context_tokens: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t.token_ids) for t in self.turns)
+
+    @property
+    def weight_versions(self) -> list[int]:
+        return [t.weight_version for t in self.turns]
+
+
+@dataclass(slots=True, frozen=True)
+class AgentLoopConfig:
+    """Sampling and token ids for the loop."""
+
+    vocab_size: int
+    token_seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+def session_id_of(trajectory: Trajectory) -> str:
+    return f"{trajectory.task_id}/{trajectory.index_in_group}"
+
+
+async def run_trajectory(
+    trajectory: Trajectory,
+    router: Router,
+    clock: Clock,
+    config: AgentLoopConfig,
+    on_turn: Callable[[TrajectoryResult, TurnOutput], None] | None = None,
+) -> TrajectoryResult:
+    """Run every turn of ``trajectory``; return when its reward is computed."""
+    sid = session_id_of(trajectory)
+    result = TrajectoryResult(sid, trajectory, started_at=clock.now())
+    await clock.sleep(trajectory.env_setup_s)
+    context: list[int] = []
+    for k, turn in enumerate(trajectory.turns):
+        context = context + observation_token_ids(
+            trajectory, k, config.vocab_size, config.token_seed
+        )
+        request = TurnRequest(
+            request_id=f"{sid}/t{k}",
+            session_id=sid,
+            token_ids=context,
+            max_new_tokens=turn.response_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=config.seed,
+        )
+        out = await router.run_turn(request)
+        result.turns.append(out)
+        if on_turn is not None:
+            on_turn(result, out)
+        kept = turn.response_tokens_kept
+        context = context + (out.token_ids[len(out.token_ids) - kept :] if kept else [])
+        await clock.sleep(turn.env_latency_s)
+    result.context_tokens = len(context)
+    await router.end_session(sid)
+    await clock.sleep(trajectory.reward_latency_s)
+    result.finished_at = clock.now()
+    return result

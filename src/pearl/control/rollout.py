@@ -1,0 +1,50 @@
+"""Run one rollout batch: every trajectory's agent loop, concurrently, through one router."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult, run_trajectory
+from pearl.control.interfaces import Clock
+from pearl.control.router import Router
+from pearl.workloads.agentic import RolloutBatch
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """A finished rollout batch: its trajectories and when it started and ended."""
+
+    trajectories: list[TrajectoryResult]
+    started_at: float
+    finished_at: float
+
+    @property
+    def makespan_s(self) -> float:
+        return self.finished_at - self.started_at
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(t.generated_tokens for t in self.trajectories)
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(t.turns) for t in self.trajectories)
+
+    def turn_latencies(self) -> list[float]:
+        return [
+            o.telemetry.finished_at - o.telemetry.submitted_at
+            for t in self.trajectories
+            for o in t.turns
+        ]
+
+
+async def run_rollout_batch(
+    batch: RolloutBatch, router: Router, clock: Clock, config: AgentLoopConfig
+) -> BatchResult:
+    """Start all of the batch's trajectories at once; return when the last one finishes."""
+    start = clock.now()
+    results = await asyncio.gather(
+        *(run_trajectory(t, router, clock, config) for t in batch.trajectories)
+    )
+    return BatchResult(list(results), start, clock.now())

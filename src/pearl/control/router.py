@@ -1,0 +1,139 @@
+"""Dispatch turns to rollout workers with session affinity.
+
+Colocated: a session's turns go to one worker (which holds its KV) until that worker
+leaves or changes role. Disaggregated: the turn is prefilled on a prefill worker
+(sticky too: it holds the session's earlier context, so later turns are appends),
+its new KV is moved to the session's decode worker, which decodes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from pearl.control.interfaces import KVMover, RolloutWorker, TurnOutput, TurnRequest, WorkerRole
+
+
+class NoWorkerAvailable(RuntimeError):
+    """The router has no active worker for the role a turn needs."""
+
+
+class Router:
+    """Routes turns over the current topology; ``set_topology`` changes it between turns."""
+
+    def __init__(self, kv_mover: KVMover | None = None) -> None:
+        self.kv_mover = kv_mover
+        self.colocated: list[RolloutWorker] = []
+        self.prefill: list[RolloutWorker] = []
+        self.decode: list[RolloutWorker] = []
+        self._home: dict[tuple[WorkerRole, str], RolloutWorker] = {}  # (role, session) -> worker
+        self._sessions_on: dict[str, int] = defaultdict(int)  # worker id -> sessions homed there
+        self._inflight_prefill_tokens: dict[str, int] = defaultdict(int)
+        self.turns_routed = 0
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill)
+
+    def set_topology(
+        self,
+        colocated: list[RolloutWorker] | None = None,
+        prefill: list[RolloutWorker] | None = None,
+        decode: list[RolloutWorker] | None = None,
+    ) -> None:
+        """Replace the set of active workers per role; homes on departed workers are forgotten."""
+        colocated, prefill, decode = colocated or [], prefill or [], decode or []
+        if bool(prefill) != bool(decode):
+            raise ValueError(
+                "a disaggregated topology needs at least one prefill and one decode worker"
+            )
+        if colocated and prefill:
+            raise ValueError("a topology is either colocated or disaggregated, not both")
+        if prefill and self.kv_mover is None:
+            raise ValueError("a disaggregated topology needs a KV mover")
+        self.colocated, self.prefill, self.decode = list(colocated), list(prefill), list(decode)
+        active = {
+            WorkerRole.COLOCATED: {w.worker_id for w in colocated},
+            WorkerRole.PREFILL: {w.worker_id for w in prefill},
+            WorkerRole.DECODE: {w.worker_id for w in decode},
+        }
+        for key, worker in list(self._home.items()):
+            if worker.worker_id not in active[key[0]]:
+                del self._home[key]
+                self._sessions_on[worker.worker_id] -= 1
+
+    def home_of(self, session_id: str, role: WorkerRole) -> RolloutWorker | None:
+        return self._home.get((role, session_id))
+
+    def _pick(self, role: WorkerRole, session_id: str, pool: list[RolloutWorker]) -> RolloutWorker:
+        worker = self._home.get((role, session_id))
+        if worker is not None:
+            return worker
+        if not pool:
+            raise NoWorkerAvailable(f"no active {role.value} worker for session {session_id!r}")
+
+        def load(w: RolloutWorker) -> tuple[int, int]:
+            # Prefill: least queued prefill work; decode/colocated: fewest sessions homed.
+            queued = self._inflight_prefill_tokens[w.worker_id] if role is WorkerRole.PREFILL else 0
+            return queued, self._sessions_on[w.worker_id]
+
+        worker = min(pool, key=load)  # ties: the first in pool order, so runs are deterministic
+        self._home[(role, session_id)] = worker
+        self._sessions_on[worker.worker_id] += 1
+        return worker
+
+    async def run_turn(self, turn: TurnRequest) -> TurnOutput:
+        """Run one turn on the current topology and return its output."""
+        self.turns_routed += 1
+        if not self.disaggregated:
+            worker = self._pick(WorkerRole.COLOCATED, turn.session_id, self.colocated)
+            return await worker.generate(turn)
+        p = self._pick(WorkerRole.PREFILL, turn.session_id, self.prefill)
+        d = self._pick(WorkerRole.DECODE, turn.session_id, self.decode)
+        new_tokens = len(turn.token_ids) - p.session_length(turn.session_id)
+        self._inflight_prefill_tokens[p.worker_id] += new_tokens
+        try:
+            first = await p.prefill(turn)
+        finally:
+            self._inflight_prefill_tokens[p.worker_id] -= new_tokens
+        if first.finish_reason != "prefilled":
+            return first  # finished at the prefill worker (max_new_tokens 1 or a stop token)
+        held = d.session_length(turn.session_id)
+        end = len(turn.token_ids)
+        if held > end:
+            held = 0  # the decode worker holds a different branch; resend everything
+        moved, seconds = await self.kv_mover.move(p, d, turn.session_id, turn.token_ids, held, end)
+        rest = await d.decode(
+            dataclasses.replace(
+                turn,
+                request_id=f"{turn.request_id}/d",
+                token_ids=turn.token_ids + first.token_ids,
+                max_new_tokens=turn.max_new_tokens - 1,
+            )
+        )
+        t = rest.telemetry
+        t.submitted_at = first.telemetry.submitted_at
+        t.first_token_at = first.telemetry.first_token_at
+        t.prefill_tokens_computed = first.telemetry.prefill_tokens_computed
+        t.prefill_tokens_cached = first.telemetry.prefill_tokens_cached
+        t.kv_bytes_moved = moved
+        t.kv_transfer_s = seconds
+        t.prefill_worker = p.worker_id
+        t.preemptions += first.telemetry.preemptions
+        return TurnOutput(
+            request_id=turn.request_id,
+            session_id=turn.session_id,
+            token_ids=first.token_ids + rest.token_ids,
+            logprobs=first.logprobs + rest.logprobs,
+            finish_reason=rest.finish_reason,
+            weight_version=rest.weight_version,
+            telemetry=t,
+        )
+
+    async def end_session(self, session_id: str) -> None:
+        """Release the session's KV on every worker that holds it and forget its homes."""
+        for role in (WorkerRole.COLOCATED, WorkerRole.PREFILL, WorkerRole.DECODE):
+            worker = self._home.pop((role, session_id), None)
+            if worker is not None:
+                self._sessions_on[worker.worker_id] -= 1
+                await worker.release_session(session_id)

@@ -1,0 +1,441 @@
+"""Model shapes for the cost model, read from Hugging Face ``config.json`` dictionaries.
+
+Only what costs need: parameter counts split into dense and routed-expert weights,
+active parameters per token, weight and KV-cache bytes, attention FLOPs. Works for
+dense Qwen3/Qwen2/Llama configs and for MoE configs that use Qwen3-MoE's field names
+(``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
+``decoder_sparse_step``, ``mlp_only_layers``, ``shared_expert_intermediate_size``).
+No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pearl.errors import ConfigError
+
+BF16_BYTES = 2
+"""Bytes per bf16 value: the default weight and KV dtype on GPUs."""
+
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+"""Model types that normalize queries and keys per head (2 x head_dim extra weights/layer)."""
+_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
+"""Model types whose q/k/v projections carry a bias even without ``attention_bias``."""
+
+
+@dataclass(slots=True, frozen=True)
+class ModelShape:
+    """A decoder-only transformer's shape, named as in Hugging Face configs."""
+
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    """Dense MLP width (unused when every layer is MoE)."""
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 means a dense model."""
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    decoder_sparse_step: int = 1
+    """Layer i is MoE when (i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers."""
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    """Width of an always-active shared expert (Qwen2-MoE style); 0 when absent."""
+    attention_bias: bool = False
+    qk_norm: bool = False
+    dtype_bytes: int = BF16_BYTES
+    """Bytes per weight value (2 for bf16; 4 for the float32 CPU engine)."""
+    kv_dtype_bytes: int = BF16_BYTES
+    """Bytes per cached key/value element."""
+
+    def __post_init__(self) -> None:
+        for key in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "decoder_sparse_step",
+            "dtype_bytes",
+            "kv_dtype_bytes",
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(
+                    f"model {self.name!r}: field {key!r} must be a positive integer, got {value!r}"
+                )
+        for key in (
+            "intermediate_size",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(
+                    f"model {self.name!r}: field {key!r} must be a non-negative integer, "
+                    f"got {value!r}"
+                )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"model {self.name!r}: num_key_value_heads {self.num_key_value_heads} must "
+                f"divide num_attention_heads {self.num_attention_heads}"
+            )
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ConfigError(
+                    f"model {self.name!r}: num_experts_per_tok must be in 1..num_experts "
+                    f"({self.num_experts}), got {self.num_experts_per_tok}"
+                )
+            if self.moe_intermediate_size <= 0:
+                raise ConfigError(
+                    f"model {self.name!r}: moe_intermediate_size must be positive for an MoE "
+                    f"model, got {self.moe_intermediate_size}"
+                )
+        if self.dense_mlp_layers and self.intermediate_size <= 0:
+            raise ConfigError(
+                f"model {self.name!r}: intermediate_size must be positive "
+                f"({self.dense_mlp_layers} layers have a dense MLP)"
+            )
+
+    # --- layer structure -------------------------------------------------------------
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) routes to experts (Qwen3-MoE's rule)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether any layer is a mixture of experts."""
+        return self.moe_layers > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        """Number of layers with a dense MLP."""
+        return self.num_hidden_layers - self.moe_layers
+
+    # --- parameter counts --------------------------------------------------------------
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """q, k, v, o projections (+ biases, + q/k norms) of one layer."""
+        h, q = self.hidden_size, self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        params = h * q + 2 * h * kv + q * h
+        if self.attention_bias:
+            params += q + 2 * kv
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        return params
+
+    @property
+    def expert_params_per_expert(self) -> int:
+        """One routed expert's SwiGLU MLP (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def moe_dense_params_per_layer(self) -> int:
+        """Always-read weights of an MoE layer's MLP block: router and shared expert."""
+        h = self.hidden_size
+        params = h * self.num_experts
+        if self.shared_expert_intermediate_size:
+            # Shared expert's SwiGLU plus its scalar gate (h -> 1), as in Qwen2-MoE.
+            params += 3 * h * self.shared_expert_intermediate_size + h
+        return params
+
+    @property
+    def layer_dense_params(self) -> int:
+        """Decoder-layer weights every token uses (all but routed experts; no embeddings)."""
+        h = self.hidden_size
+        norms = 2 * h * self.num_hidden_layers
+        return (
+            self.attention_params_per_layer * self.num_hidden_layers
+            + 3 * h * self.intermediate_size * self.dense_mlp_layers
+            + self.moe_dense_params_per_layer * self.moe_layers
+            + norms
+        )
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding table (vocab x hidden)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Output projection (vocab x hidden); the same matrix as the embedding when tied."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """All routed-expert weights (0 for a dense model)."""
+        return self.moe_layers * self.num_experts * self.expert_params_per_expert
+
+    @property
+    def dense_params(self) -> int:
+        """Every weight that is not a routed expert: layers, embeddings, head, final norm."""
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.layer_dense_params + self.embedding_params + head + self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        """All parameters (tied embeddings counted once)."""
+        return self.dense_params + self.expert_params
+
+    @property
+    def active_layer_params(self) -> int:
+        """Decoder-layer weights one token multiplies by (dense + its k routed experts)."""
+        routed = self.moe_layers * self.num_experts_per_tok * self.expert_params_per_expert
+        return self.layer_dense_params + routed
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched per token, by the usual convention (embeddings and head count)."""
+        return (
+            self.total_params
+            - self.expert_params
+            + self.moe_layers * self.num_experts_per_tok * self.expert_params_per_expert
+        )
+
+    # --- bytes and FLOPs ---------------------------------------------------------------
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights at ``dtype_bytes`` per value."""
+        return self.total_params * self.dtype_bytes
+
+    @property
+    def expert_bytes_per_expert(self) -> int:
+        """Bytes of one routed expert in one layer."""
+        return self.expert_params_per_expert * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token occupies (keys and values, every layer)."""
+        return (
+            2
+            * self.num_hidden_layers
+            * self.num_key_value_heads
+            * self.head_dim
+            * self.kv_dtype_bytes
+        )
+
+    @property
+    def attention_flops_per_token_pair(self) -> int:
+        """FLOPs for one query attending to one key: QK^T and PV, 2 x head_dim each, per head."""
+        return 4 * self.num_hidden_layers * self.num_attention_heads * self.head_dim
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Mapping[str, Any],
+        name: str | None = None,
+        *,
+        source: str = "<config>",
+        dtype_bytes: int = BF16_BYTES,
+        kv_dtype_bytes: int | None = None,
+    ) -> ModelShape:
+        """Build a shape from a ``config.json`` dict; errors name ``source`` and the field."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(config).__name__}")
+        raw: Mapping[str, Any] = config
+        # Multimodal wrappers keep the language model under text_config.
+        if "hidden_size" not in raw and isinstance(raw.get("text_config"), Mapping):
+            raw = raw["text_config"]
+        model_type = str(raw.get("model_type", config.get("model_type", "")))
+
+        def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
+            value = raw.get(key, default)
+            if value is None:
+                raise ConfigError(f"{source}: required field {key!r} is missing")
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(
+                    f"{source}: field {key!r} must be an integer >= {minimum}, got {value!r}"
+                )
+            return value
+
+        if "num_local_experts" in raw and "num_experts" not in raw:
+            raise ConfigError(
+                f"{source}: MoE fields named as Mixtral's (num_local_experts) are not "
+                "supported; use Qwen3-MoE's names: num_experts, num_experts_per_tok, "
+                "moe_intermediate_size"
+            )
+        hidden = integer("hidden_size")
+        heads = integer("num_attention_heads")
+        kv_heads = raw.get("num_key_value_heads") or heads
+        head_dim = raw.get("head_dim") or hidden // heads
+        num_experts = integer("num_experts", 0, minimum=0)
+        mlp_only = raw.get("mlp_only_layers") or []
+        if not isinstance(mlp_only, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in mlp_only
+        ):
+            raise ConfigError(
+                f"{source}: field 'mlp_only_layers' must be a list of layer indexes, "
+                f"got {mlp_only!r}"
+            )
+        attention_bias = raw.get("attention_bias")
+        if attention_bias is None:
+            attention_bias = model_type in _QKV_BIAS_TYPES
+        try:
+            return cls(
+                name=name or str(raw.get("_name_or_path") or model_type or "model"),
+                hidden_size=hidden,
+                num_hidden_layers=integer("num_hidden_layers"),
+                num_attention_heads=heads,
+                num_key_value_heads=kv_heads,
+                head_dim=head_dim,
+                intermediate_size=integer("intermediate_size", 0, minimum=0),
+                vocab_size=integer("vocab_size"),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                num_experts=num_experts,
+                num_experts_per_tok=integer("num_experts_per_tok", 0, minimum=0)
+                if num_experts
+                else 0,
+                moe_intermediate_size=integer("moe_intermediate_size", 0, minimum=0)
+                if num_experts
+                else 0,
+                decoder_sparse_step=integer("decoder_sparse_step", 1),
+                mlp_only_layers=tuple(mlp_only),
+                shared_expert_intermediate_size=integer(
+                    "shared_expert_intermediate_size", 0, minimum=0
+                )
+                if num_experts
+                else 0,
+                attention_bias=bool(attention_bias),
+                qk_norm=model_type in _QK_NORM_TYPES,
+                dtype_bytes=dtype_bytes,
+                kv_dtype_bytes=dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+
+# --- Catalog -------------------------------------------------------------------------------
+# Each entry restates the architecture fields of the model's config.json on the Hugging
+# Face Hub (Qwen/Qwen3-8B, Qwen/Qwen3-14B, Qwen/Qwen3-32B, Qwen/Qwen3-30B-A3B,
+# meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B). Values checked against copies of
+# those files. Llama configs carry no head_dim: it is hidden_size / num_attention_heads.
+
+_QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "tie_word_embeddings": False}
+_LLAMA31_COMMON = {"model_type": "llama", "vocab_size": 128256, "tie_word_embeddings": False}
+
+CATALOG_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen3-8B": {
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 12288,
+        **_QWEN3_COMMON,
+    },
+    "Qwen3-14B": {
+        "model_type": "qwen3",
+        "hidden_size": 5120,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "intermediate_size": 17408,
+        **_QWEN3_COMMON,
+    },
+    "Qwen3-32B": {
+        "model_type": "qwen3",
+        "hidden_size": 5120,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 25600,
+        **_QWEN3_COMMON,
+    },
+    "Qwen3-30B-A3B": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "intermediate_size": 6144,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        **_QWEN3_COMMON,
+    },
+    "Llama-3.1-8B": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        **_LLAMA31_COMMON,
+    },
+    "Llama-3.1-70B": {
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 28672,
+        **_LLAMA31_COMMON,
+    },
+}
+"""Architecture fields of each catalog model's config.json, by canonical name."""
+
+
+def catalog_names() -> tuple[str, ...]:
+    """Names ``load_model_shape`` accepts without a path."""
+    return tuple(CATALOG_CONFIGS)
+
+
+def load_model_shape(
+    name_or_path: str | Path, *, dtype_bytes: int = BF16_BYTES, kv_dtype_bytes: int | None = None
+) -> ModelShape:
+    """A catalog model by name (case-insensitive, "Qwen/" prefix allowed) or a config.json.
+
+    A path may be the config.json file or the model folder holding it.
+    """
+    text = str(name_or_path)
+    bare = text.rsplit("/", 1)[-1].lower()
+    for key, config in CATALOG_CONFIGS.items():
+        if key.lower() in (text.lower(), bare) and not Path(text).exists():
+            return ModelShape.from_hf_config(
+                config,
+                key,
+                source=f"catalog {key}",
+                dtype_bytes=dtype_bytes,
+                kv_dtype_bytes=kv_dtype_bytes,
+            )
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{text!r} is neither a catalog model nor an existing config.json or model folder; "
+            f"catalog models: {', '.join(CATALOG_CONFIGS)}"
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read a JSON config ({exc})") from exc
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return ModelShape.from_hf_config(
+        raw, name, source=str(path), dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes
+    )

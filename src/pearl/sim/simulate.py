@@ -1,0 +1,128 @@
+"""``pearl simulate``: one rollout batch of a workload on fixed deployments, in virtual time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pearl.config import SimulateConfig, dump_config
+from pearl.report.run_folder import RunFolder
+from pearl.sim.costmodel import CostConstants, CostModel
+from pearl.sim.hardware import get_gpu
+from pearl.sim.models import load_model_shape
+from pearl.sim.worker import SimEngineConfig
+from pearl.sim.world import Deployment, FixedRolloutReport, simulate_fixed_rollout
+from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
+
+
+@dataclass(slots=True)
+class SimulateOutcome:
+    run_dir: str
+    reports: list[FixedRolloutReport]
+
+
+def build_cost_model(cfg: SimulateConfig) -> CostModel:
+    gpu = get_gpu(cfg.cluster.gpu)
+    constants = CostConstants()
+    if cfg.cluster.profile:
+        from pearl.sim.profiles import load_profile
+
+        profile = load_profile(cfg.cluster.profile)
+        gpu = profile.gpu or gpu
+        constants = profile.constants
+    return CostModel(gpu, load_model_shape(cfg.model.name), tp=cfg.cluster.tp, constants=constants)
+
+
+def build_batch(cfg: SimulateConfig) -> RolloutBatch:
+    w = cfg.workload
+    if w.trace:
+        from pearl.workloads.traces import load_trace
+
+        return load_trace(w.trace)
+    return generate_batch(
+        get_profile(w.profile), num_tasks=w.num_tasks, group_size=w.group_size, seed=w.seed
+    )
+
+
+def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
+    """Run every configured deployment on the same batch; write the run folder."""
+    cost = build_cost_model(cfg)
+    batch = build_batch(cfg)
+    engine = SimEngineConfig(
+        block_size=cfg.sim.block_size,
+        max_num_batched_tokens=cfg.sim.max_num_batched_tokens,
+        max_num_seqs=cfg.sim.max_num_seqs,
+        max_model_len=cfg.sim.max_model_len,
+        fast_forward=cfg.sim.fast_forward,
+    )
+    run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
+    run.write_config(dump_config(cfg))
+    reports = []
+    log(
+        f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}; workload {cfg.workload.profile}: "
+        f"{batch.num_trajectories} trajectories, {sum(t.num_turns for t in batch.trajectories)} turns"
+    )
+    for label in cfg.cluster.deployments:
+        deployment = Deployment.parse(label)
+        report = simulate_fixed_rollout(
+            batch, cost, deployment, engine, vocab_size=cost.model.vocab_size
+        )
+        reports.append(report)
+        run.metric(
+            {
+                "deployment": report.deployment,
+                "timing/rollout": report.makespan_s,
+                "performance/rollout_tokens": report.generated_tokens,
+                "performance/tokens_per_sec": report.generated_tokens / report.makespan_s,
+                "rollout/turns": report.turns,
+                "rollout/mean_turn_latency_s": report.mean_turn_latency_s,
+                "rollout/kv_bytes_moved": report.kv_bytes_moved,
+                "rollout/prefill_tokens_computed": report.prefill_tokens_computed,
+                "rollout/prefill_tokens_cached": report.prefill_tokens_cached,
+                "cluster/rollout_gpus": deployment.num_workers * cost.tp,
+                "cluster/prefill_workers": deployment.prefill,
+                "cluster/decode_workers": deployment.decode,
+                "cluster/colocated_workers": deployment.colocated,
+                "sim/iterations": report.iterations,
+                "sim/fast_forwarded_iterations": report.fast_forwarded_iterations,
+                "sim/timer_events": report.timer_events,
+            }
+        )
+        for traj in report.result.trajectories:
+            for k, turn in enumerate(traj.turns):
+                t = turn.telemetry
+                run.event(
+                    {
+                        "deployment": report.deployment,
+                        "kind": "turn",
+                        "session": traj.session_id,
+                        "turn": k,
+                        "submitted_at": round(t.submitted_at, 9),
+                        "first_token_at": round(t.first_token_at or 0.0, 9),
+                        "finished_at": round(t.finished_at, 9),
+                        "generated": len(turn.token_ids),
+                        "prefill_computed": t.prefill_tokens_computed,
+                        "prefill_cached": t.prefill_tokens_cached,
+                        "kv_bytes": t.kv_bytes_moved,
+                        "prefill_worker": t.prefill_worker,
+                        "decode_worker": t.decode_worker,
+                    }
+                )
+        log(
+            f"  {report.deployment:>6}: makespan {report.makespan_s:9.2f} s  "
+            f"{report.generated_tokens / report.makespan_s:9.1f} tok/s  "
+            f"({report.iterations} iterations, {report.wall_s:.2f} s wall)"
+        )
+    best = min(reports, key=lambda r: r.makespan_s)
+    run.summary(
+        {
+            "model": cost.model.name,
+            "gpu": cost.gpu.name,
+            "tp": cost.tp,
+            "trajectories": batch.num_trajectories,
+            "makespan_s": {r.deployment: r.makespan_s for r in reports},
+            "best_deployment": best.deployment,
+            "wall_s": {r.deployment: r.wall_s for r in reports},
+        }
+    )
+    run.close()
+    return SimulateOutcome(str(run.path), reports)

@@ -1,0 +1,234 @@
+"""The simulated world: GPUs on a network, rollout workers as TP groups, and a fixed
+deployment (N colocated workers or an N_P:N_D split) running rollout batches."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.interfaces import AsyncioClock, RolloutWorker, WorkerRole
+from pearl.control.rollout import BatchResult, run_rollout_batch
+from pearl.control.router import Router
+from pearl.sim.clock import VirtualTimeLoop
+from pearl.sim.costmodel import CostModel
+from pearl.sim.network import Network
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+from pearl.workloads.agentic import RolloutBatch
+
+
+@dataclass(slots=True, frozen=True)
+class Deployment:
+    """A fixed rollout topology: ``colocated`` workers, or ``prefill`` + ``decode`` workers."""
+
+    colocated: int = 0
+    prefill: int = 0
+    decode: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.colocated, self.prefill, self.decode) < 0:
+            raise ValueError(f"worker counts must be >= 0, got {self}")
+        if self.colocated and (self.prefill or self.decode):
+            raise ValueError(f"a deployment is colocated or disaggregated, not both: {self}")
+        if not self.colocated and (self.prefill < 1 or self.decode < 1):
+            raise ValueError(
+                f"a disaggregated deployment needs >= 1 prefill and >= 1 decode worker: {self}"
+            )
+
+    @property
+    def num_workers(self) -> int:
+        return self.colocated + self.prefill + self.decode
+
+    @property
+    def label(self) -> str:
+        return f"{self.colocated}C" if self.colocated else f"{self.prefill}P{self.decode}D"
+
+    @classmethod
+    def parse(cls, text: str) -> Deployment:
+        """``"8C"``, ``"colocated:8"``, ``"5P3D"``."""
+        t = text.strip().upper()
+        try:
+            if t.startswith("COLOCATED:"):
+                return cls(colocated=int(t.split(":", 1)[1]))
+            if t.endswith("C") and t[:-1].isdigit():
+                return cls(colocated=int(t[:-1]))
+            if "P" in t and t.endswith("D"):
+                p, d = t[:-1].split("P", 1)
+                return cls(prefill=int(p), decode=int(d))
+        except ValueError:
+            pass
+        raise ValueError(f"deployment {text!r} is not one of: '8C', 'colocated:8', '5P3D'")
+
+
+class SimKVMover:
+    """Moves simulated KV over the network, then imports it on the decode worker."""
+
+    def __init__(self, network: Network, cost: CostModel, gpus_of: dict[str, list[int]]) -> None:
+        self.network = network
+        self.cost = cost
+        self.gpus_of = gpus_of
+        self.bytes_moved = 0
+        self.transfers = 0
+
+    async def move(self, src, dst, session_id, token_ids, start, end):
+        if end <= start:
+            return 0, 0.0
+        nbytes = self.cost.kv_bytes(end - start)
+        seconds = await self.network.transfer(
+            self.gpus_of[src.worker_id], self.gpus_of[dst.worker_id], nbytes
+        )
+        await dst.import_kv(session_id, token_ids, start, end)
+        self.bytes_moved += nbytes
+        self.transfers += 1
+        return nbytes, seconds
+
+
+@dataclass(slots=True)
+class SimulatedCluster:
+    """Rollout workers (TP groups) on GPUs of one kind, with a network between them."""
+
+    cost: CostModel
+    num_workers: int
+    engine: SimEngineConfig = field(default_factory=SimEngineConfig)
+    vocab_size: int = 151_936
+    workers: list[SimulatedWorker] = field(default_factory=list)
+    network: Network | None = None
+    gpus_of: dict[str, list[int]] = field(default_factory=dict)
+
+    def build(self) -> None:
+        tp = self.cost.tp
+        gpn = self.cost.gpu.gpus_per_node
+        self.network = Network.for_gpu(
+            self.cost.gpu, max(1, math.ceil(self.num_workers * tp / gpn))
+        )
+        capacity = self.cost.kv_capacity_tokens()
+        if capacity < self.engine.block_size * 2:
+            raise ValueError(
+                f"{self.cost.model.name} does not fit on TP{tp} {self.cost.gpu.name}: KV capacity {capacity} tokens"
+            )
+        engine = SimEngineConfig(
+            **{**_asdict(self.engine), "num_kv_blocks": capacity // self.engine.block_size}
+        )
+        self.workers = []
+        for i in range(self.num_workers):
+            wid = f"w{i}"
+            self.gpus_of[wid] = list(range(i * tp, (i + 1) * tp))
+            self.workers.append(SimulatedWorker(wid, self.cost, engine, vocab_size=self.vocab_size))
+
+    async def deploy(self, deployment: Deployment) -> Router:
+        """Assign roles for ``deployment`` and return a router over them."""
+        if deployment.num_workers != self.num_workers:
+            raise ValueError(
+                f"deployment {deployment.label} needs {deployment.num_workers} workers, cluster has {self.num_workers}"
+            )
+        router = Router(SimKVMover(self.network, self.cost, self.gpus_of))
+        if deployment.colocated:
+            router.set_topology(colocated=self.workers)
+            return router
+        prefill, decode = self.workers[: deployment.prefill], self.workers[deployment.prefill :]
+        for w in prefill:
+            await w.set_role(WorkerRole.PREFILL)
+        for w in decode:
+            await w.set_role(WorkerRole.DECODE)
+        router.set_topology(
+            prefill=list[RolloutWorker](prefill), decode=list[RolloutWorker](decode)
+        )
+        return router
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+@dataclass(slots=True)
+class FixedRolloutReport:
+    """One simulated rollout batch on a fixed deployment."""
+
+    deployment: str
+    makespan_s: float
+    generated_tokens: int
+    turns: int
+    iterations: int
+    fast_forwarded_iterations: int
+    timer_events: int
+    wall_s: float
+    kv_bytes_moved: int
+    prefill_tokens_computed: int
+    prefill_tokens_cached: int
+    mean_turn_latency_s: float
+    worker_busy_fraction: list[float]
+    result: BatchResult | None = None
+
+    @property
+    def iterations_per_wall_s(self) -> float:
+        return self.iterations / max(self.wall_s, 1e-9)
+
+
+def simulate_fixed_rollout(
+    batch: RolloutBatch,
+    cost: CostModel,
+    deployment: Deployment,
+    engine: SimEngineConfig | None = None,
+    vocab_size: int = 151_936,
+    token_seed: int = 0,
+) -> FixedRolloutReport:
+    """Run ``batch`` once on ``deployment`` in virtual time and report its makespan."""
+    cluster = SimulatedCluster(
+        cost, deployment.num_workers, engine or SimEngineConfig(), vocab_size
+    )
+    cluster.build()
+    loop = VirtualTimeLoop()
+    wall0 = time.perf_counter()
+
+    async def main() -> BatchResult:
+        router = await cluster.deploy(deployment)
+        result = await run_rollout_batch(
+            batch, router, AsyncioClock(), AgentLoopConfig(vocab_size, token_seed)
+        )
+        cluster.close()
+        return result
+
+    try:
+        result = loop.run_until_complete(main())
+        # Let cancelled engine loops unwind before the loop closes.
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    wall = time.perf_counter() - wall0
+    turns = [o for t in result.trajectories for o in t.turns]
+    mover = cluster.workers and None
+    del mover
+    return FixedRolloutReport(
+        deployment=deployment.label,
+        makespan_s=result.makespan_s,
+        generated_tokens=result.generated_tokens,
+        turns=len(turns),
+        iterations=sum(w.counters.iterations for w in cluster.workers),
+        fast_forwarded_iterations=sum(
+            w.counters.fast_forwarded_iterations for w in cluster.workers
+        ),
+        timer_events=loop.timer_jumps,
+        wall_s=wall,
+        kv_bytes_moved=sum(o.telemetry.kv_bytes_moved for o in turns),
+        prefill_tokens_computed=sum(o.telemetry.prefill_tokens_computed for o in turns),
+        prefill_tokens_cached=sum(o.telemetry.prefill_tokens_cached for o in turns),
+        mean_turn_latency_s=sum(result.turn_latencies()) / max(1, len(turns)),
+        worker_busy_fraction=[
+            w.counters.busy_s / max(result.makespan_s, 1e-9) for w in cluster.workers
+        ],
+        result=result,
+    )
+
+
+def _asdict(cfg: SimEngineConfig) -> dict:
+    return {name: getattr(cfg, name) for name in cfg.__slots__}  # type: ignore[attr-defined]
+
+
+def deployments_for(num_workers: int) -> Sequence[Deployment]:
+    """Colocation and every P:D split of ``num_workers`` workers."""
+    return [Deployment(colocated=num_workers)] + [
+        Deployment(prefill=p, decode=num_workers - p) for p in range(1, num_workers)
+    ]
