@@ -84,7 +84,7 @@ class RolloutWorker(Protocol):
     async def decode(self, turn: TurnRequest) -> TurnOutput:
         """Decode role: continue a turn whose KV (all but the last token) was imported."""
 
-    def session_length(self, session_id: str) -> int:
+    async def session_length(self, session_id: str) -> int:
         """Tokens of the session whose KV this worker holds."""
 
     async def release_session(self, session_id: str) -> None:

@@ -90,7 +90,7 @@ class Router:
             return await worker.generate(turn)
         p = self._pick(WorkerRole.PREFILL, turn.session_id, self.prefill)
         d = self._pick(WorkerRole.DECODE, turn.session_id, self.decode)
-        new_tokens = len(turn.token_ids) - p.session_length(turn.session_id)
+        new_tokens = len(turn.token_ids) - await p.session_length(turn.session_id)
         self._inflight_prefill_tokens[p.worker_id] += new_tokens
         try:
             first = await p.prefill(turn)
@@ -98,7 +98,7 @@ class Router:
             self._inflight_prefill_tokens[p.worker_id] -= new_tokens
         if first.finish_reason != "prefilled":
             return first  # finished at the prefill worker (max_new_tokens 1 or a stop token)
-        held = d.session_length(turn.session_id)
+        held = await d.session_length(turn.session_id)
         end = len(turn.token_ids)
         if held > end:
             held = 0  # the decode worker holds a different branch; resend everything

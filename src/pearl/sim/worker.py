@@ -125,7 +125,7 @@ class SimulatedWorker:
             raise EngineStateError(f"worker {self.worker_id} is {self._role}, not decode")
         return await self._run_turn(turn, pin=True)
 
-    def session_length(self, session_id: str) -> int:
+    async def session_length(self, session_id: str) -> int:
         return self.scheduler.session_length(session_id)
 
     async def release_session(self, session_id: str) -> None:

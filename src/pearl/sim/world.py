@@ -94,6 +94,7 @@ class SimulatedCluster:
     num_workers: int
     engine: SimEngineConfig = field(default_factory=SimEngineConfig)
     vocab_size: int = 151_936
+    size_kv_from_memory: bool = True  # False: keep engine.num_kv_blocks (to mirror a live engine)
     workers: list[SimulatedWorker] = field(default_factory=list)
     network: Network | None = None
     gpus_of: dict[str, list[int]] = field(default_factory=dict)
@@ -104,14 +105,14 @@ class SimulatedCluster:
         self.network = Network.for_gpu(
             self.cost.gpu, max(1, math.ceil(self.num_workers * tp / gpn))
         )
-        capacity = self.cost.kv_capacity_tokens()
-        if capacity < self.engine.block_size * 2:
-            raise ValueError(
-                f"{self.cost.model.name} does not fit on TP{tp} {self.cost.gpu.name}: KV capacity {capacity} tokens"
-            )
-        engine = SimEngineConfig(
-            **{**_asdict(self.engine), "num_kv_blocks": capacity // self.engine.block_size}
-        )
+        engine = self.engine
+        if self.size_kv_from_memory:
+            capacity = self.cost.kv_capacity_tokens()
+            if capacity < engine.block_size * 2:
+                raise ValueError(
+                    f"{self.cost.model.name} does not fit on TP{tp} {self.cost.gpu.name}: KV capacity {capacity} tokens"
+                )
+            engine = SimEngineConfig(**{**_asdict(engine), "num_kv_blocks": capacity // engine.block_size})
         self.workers = []
         for i in range(self.num_workers):
             wid = f"w{i}"
@@ -199,8 +200,6 @@ def simulate_fixed_rollout(
         loop.close()
     wall = time.perf_counter() - wall0
     turns = [o for t in result.trajectories for o in t.turns]
-    mover = cluster.workers and None
-    del mover
     return FixedRolloutReport(
         deployment=deployment.label,
         makespan_s=result.makespan_s,

@@ -1,0 +1,144 @@
+"""An engine inside one worker process: commands are served between engine iterations.
+
+``EngineServer`` is a plain class so it can be tested in-process; ``pearl.live.worker``
+runs it as a Ray actor. Its ``async`` methods run on the actor's event loop; the
+engine loop steps the engine and yields after each iteration, so a new turn, a KV
+import or a role change lands exactly between two iterations, as in the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, WorkerRole
+from pearl.engine.kv_transfer import KVChunk
+from pearl.engine.scheduler import InFlight
+from pearl.engine.sequence import Request, RequestOutput, Role, SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSpec:
+    """Which weights a worker loads: a Hugging Face folder, or a random model from a config."""
+
+    folder: str | None = None
+    config: dict[str, Any] | None = None
+    seed: int = 0
+
+
+class EngineServer:
+    """Serves one ``LLMEngine`` to the control plane."""
+
+    def __init__(self, worker_id: str, model: ModelSpec, engine_config: dict[str, Any], torch_threads: int = 1) -> None:
+        import torch
+
+        from pearl.engine.engine import EngineConfig, LLMEngine
+        from pearl.models.config import ModelConfig
+
+        torch.set_num_threads(torch_threads)
+        self.worker_id = worker_id
+        cfg = EngineConfig(**engine_config)
+        if model.folder is not None:
+            self.engine = LLMEngine.from_folder(model.folder, cfg)
+        elif model.config is not None:
+            self.engine = LLMEngine.from_model_config(ModelConfig.from_dict(model.config), cfg, seed=model.seed)
+        else:
+            raise ValueError("ModelSpec needs a folder or a config")
+        self._futures: dict[str, tuple[asyncio.Future[RequestOutput], float]] = {}
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- turns ----------------------------------------------------------------------
+    async def run_turn(self, turn: TurnRequest) -> TurnOutput:
+        """Generate (colocated), prefill (prefill role) or decode (decode role) one turn."""
+        loop = asyncio.get_running_loop()
+        submitted = loop.time()
+        sampling = SamplingParams(
+            temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, seed=turn.seed,
+            max_new_tokens=turn.max_new_tokens, ignore_eos=turn.ignore_eos,
+        )
+        self.engine.add_request(Request(turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=True))
+        fut: asyncio.Future[RequestOutput] = loop.create_future()
+        self._futures[turn.request_id] = (fut, submitted)
+        self._kick()
+        return self._turn_output(await fut, submitted)
+
+    async def session_length(self, session_id: str) -> int:
+        return self.engine.session_length(session_id)
+
+    async def release_session(self, session_id: str) -> None:
+        self.engine.release_session(session_id)
+
+    async def export_kv(self, session_id: str, start: int, end: int) -> KVChunk:
+        return self.engine.export_kv(session_id, start, end)
+
+    async def import_kv(self, chunk: KVChunk) -> tuple[int, int]:
+        """Returns (tokens added, bytes received)."""
+        return self.engine.import_kv(chunk), chunk.nbytes
+
+    async def set_role(self, role: str) -> list[TurnOutput]:
+        outs = self.engine.set_role(Role(role), InFlight.HAND_BACK)
+        return [self._resolve(o) for o in outs]
+
+    async def abort_all(self) -> list[TurnOutput]:
+        return [self._resolve(o) for o in self.engine.abort_all()]
+
+    async def stats(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self.engine.stats())
+
+    async def ping(self) -> str:
+        return self.worker_id
+
+    # -- engine loop ----------------------------------------------------------------
+    def _kick(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._engine_loop())
+        elif self._wakeup is not None:
+            self._wakeup.set()
+
+    async def _engine_loop(self) -> None:
+        self._wakeup = asyncio.Event()
+        while True:
+            if not self.engine.has_unfinished():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            for out in self.engine.step():
+                self._resolve(out)
+            await asyncio.sleep(0)  # let commands in between iterations
+
+    def _resolve(self, out: RequestOutput) -> TurnOutput:
+        entry = self._futures.pop(out.request_id, None)
+        submitted = entry[1] if entry else 0.0
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(out)
+        return self._turn_output(out, submitted)
+
+    def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
+        t = out.telemetry
+        role = self.engine.role
+        return TurnOutput(
+            request_id=out.request_id,
+            session_id=out.session_id or "",
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason.value,
+            weight_version=out.weight_version,
+            telemetry=TurnTelemetry(
+                submitted_at=submitted,
+                first_token_at=t.first_token_at,
+                finished_at=t.finished_at if t.finished_at is not None else asyncio.get_running_loop().time(),
+                prefill_tokens_computed=t.prefill_tokens_computed,
+                prefill_tokens_cached=t.prefill_tokens_cached,
+                preemptions=t.preemptions,
+                prefill_worker=self.worker_id if role is not Role.DECODE else None,
+                decode_worker=self.worker_id if role is not Role.PREFILL else None,
+            ),
+        )
+
+
+def worker_role(role: Role | WorkerRole | str) -> WorkerRole:
+    return WorkerRole(str(role.value if hasattr(role, "value") else role))

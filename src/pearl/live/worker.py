@@ -1,0 +1,96 @@
+"""Live rollout workers: ``EngineServer`` as a Ray actor (one process, one torch thread),
+with a driver-side handle implementing ``pearl.control.interfaces.RolloutWorker``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
+from pearl.live.server import EngineServer, ModelSpec
+
+_ACTOR_CLASS = None
+
+
+def ensure_ray(num_cpus: int | None = None) -> None:
+    """Start a local Ray runtime if none is running (quiet: no dashboard)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+
+
+def _actor_class():
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is None:
+        import ray
+
+        _ACTOR_CLASS = ray.remote(num_cpus=1)(EngineServer)
+    return _ACTOR_CLASS
+
+
+class LiveWorker:
+    """The control plane's handle on one engine actor."""
+
+    def __init__(self, worker_id: str, model: ModelSpec, engine_config: dict[str, Any], role: WorkerRole = WorkerRole.COLOCATED):
+        self.worker_id = worker_id
+        self._role = role
+        config = {**engine_config, "role": role.value}
+        self.actor = _actor_class().options(name=None).remote(worker_id, model, config)
+
+    @property
+    def role(self) -> WorkerRole:
+        return self._role
+
+    async def ready(self) -> None:
+        await self.actor.ping.remote()
+
+    async def generate(self, turn: TurnRequest) -> TurnOutput:
+        return await self.actor.run_turn.remote(turn)
+
+    async def prefill(self, turn: TurnRequest) -> TurnOutput:
+        return await self.actor.run_turn.remote(turn)
+
+    async def decode(self, turn: TurnRequest) -> TurnOutput:
+        return await self.actor.run_turn.remote(turn)
+
+    async def session_length(self, session_id: str) -> int:
+        return await self.actor.session_length.remote(session_id)
+
+    async def release_session(self, session_id: str) -> None:
+        await self.actor.release_session.remote(session_id)
+
+    async def set_role(self, role: WorkerRole) -> list[TurnOutput]:
+        outs = await self.actor.set_role.remote(role.value)
+        self._role = role
+        return outs
+
+    async def abort_all(self) -> list[TurnOutput]:
+        return await self.actor.abort_all.remote()
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.actor.stats.remote()
+
+    def kill(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
+
+
+class LiveKVMover:
+    """Moves KV between engine actors through Ray's object store (numpy arrays, no copy
+    through the driver: the decode actor fetches the prefill actor's chunk directly)."""
+
+    def __init__(self) -> None:
+        self.bytes_moved = 0
+        self.transfers = 0
+
+    async def move(self, src, dst, session_id, token_ids, start, end):
+        if end <= start:
+            return 0, 0.0
+        t0 = time.monotonic()
+        chunk_ref = src.actor.export_kv.remote(session_id, start, end)
+        _, nbytes = await dst.actor.import_kv.remote(chunk_ref)
+        self.bytes_moved += nbytes
+        self.transfers += 1
+        return nbytes, time.monotonic() - t0
