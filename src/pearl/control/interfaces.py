@@ -109,6 +109,43 @@ class KVMover(Protocol):
         """Return (bytes moved, seconds taken)."""
 
 
+@dataclass(slots=True, frozen=True)
+class TrainBatch:
+    """What a GRPO step trains on: the batch's token count and its longest sequence."""
+
+    step: int
+    trajectories: int
+    tokens: int
+    max_sequence_tokens: int
+    weight_versions: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class TrainMetrics:
+    step: int
+    weight_version: int
+    started_at: float
+    finished_at: float
+    tokens: int
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """The training side: GRPO steps, weight snapshots, and device hand-off for borrowing."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def train_step(self, batch: TrainBatch) -> TrainMetrics:
+        """Train on ``batch``; the new weights become version ``weight_version``."""
+
+    async def release_device(self) -> None:
+        """Free training device state so rollout workers can borrow the GPUs."""
+
+    async def restore_device(self) -> None:
+        """Take the GPUs back before the next step."""
+
+
 class Clock(Protocol):
     """The world's time: wall clock (live) or virtual (simulated)."""
 
