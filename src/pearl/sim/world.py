@@ -95,6 +95,7 @@ class SimulatedCluster:
     engine: SimEngineConfig = field(default_factory=SimEngineConfig)
     vocab_size: int = 151_936
     size_kv_from_memory: bool = True  # False: keep engine.num_kv_blocks (to mirror a live engine)
+    link_latency_s: float | None = None  # per-transfer latency; None: the network's defaults
     workers: list[SimulatedWorker] = field(default_factory=list)
     network: Network | None = None
     gpus_of: dict[str, list[int]] = field(default_factory=dict)
@@ -102,9 +103,19 @@ class SimulatedCluster:
     def build(self) -> None:
         tp = self.cost.tp
         gpn = self.cost.gpu.gpus_per_node
-        self.network = Network.for_gpu(
-            self.cost.gpu, max(1, math.ceil(self.num_workers * tp / gpn))
-        )
+        nodes = max(1, math.ceil(self.num_workers * tp / gpn))
+        if self.link_latency_s is None:
+            self.network = Network.for_gpu(self.cost.gpu, nodes)
+        else:
+            g = self.cost.gpu
+            self.network = Network(
+                nodes,
+                gpn,
+                g.nvlink_bandwidth_Bps,
+                g.network_bandwidth_Bps,
+                nvlink_latency_s=self.link_latency_s,
+                network_latency_s=self.link_latency_s,
+            )
         engine = self.engine
         if self.size_kv_from_memory:
             capacity = self.cost.kv_capacity_tokens()
@@ -112,7 +123,9 @@ class SimulatedCluster:
                 raise ValueError(
                     f"{self.cost.model.name} does not fit on TP{tp} {self.cost.gpu.name}: KV capacity {capacity} tokens"
                 )
-            engine = SimEngineConfig(**{**_asdict(engine), "num_kv_blocks": capacity // engine.block_size})
+            engine = SimEngineConfig(
+                **{**_asdict(engine), "num_kv_blocks": capacity // engine.block_size}
+            )
         self.workers = []
         for i in range(self.num_workers):
             wid = f"w{i}"
@@ -175,10 +188,17 @@ def simulate_fixed_rollout(
     engine: SimEngineConfig | None = None,
     vocab_size: int = 151_936,
     token_seed: int = 0,
+    size_kv_from_memory: bool = True,
+    link_latency_s: float | None = None,
 ) -> FixedRolloutReport:
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan."""
     cluster = SimulatedCluster(
-        cost, deployment.num_workers, engine or SimEngineConfig(), vocab_size
+        cost,
+        deployment.num_workers,
+        engine or SimEngineConfig(),
+        vocab_size,
+        size_kv_from_memory,
+        link_latency_s,
     )
     cluster.build()
     loop = VirtualTimeLoop()

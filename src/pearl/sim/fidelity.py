@@ -1,0 +1,269 @@
+"""Simulator fidelity: the same multi-turn workload on live engines (Ray, wall clock, real
+environment sleeps) and in the simulator (fitted CPU profile, virtual time), compared per
+turn and on batch makespan."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
+from pearl.control.rollout import BatchResult, run_rollout_batch
+from pearl.control.router import Router
+from pearl.sim.costmodel import CostModel
+from pearl.sim.models import ModelShape
+from pearl.sim.profiles import Profile
+from pearl.sim.worker import SimEngineConfig
+from pearl.sim.world import Deployment, simulate_fixed_rollout
+from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
+
+# The model calibration and fidelity run on (random weights, ~5M parameters, float32).
+CALIBRATION_MODEL: dict[str, Any] = {
+    "model_type": "qwen3",
+    "vocab_size": 8192,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+
+CALIBRATION_ENGINE: dict[str, Any] = dict(
+    block_size=16,
+    num_kv_blocks=2048,
+    max_num_batched_tokens=512,
+    max_num_seqs=64,
+    model_id="calibration",
+)
+
+
+@dataclass(slots=True, frozen=True)
+class FidelityCase:
+    """One workload on one deployment of at most two workers."""
+
+    name: str
+    workload: str  # "swe-cpu" or a profile name
+    num_tasks: int
+    group_size: int
+    deployment: str
+    seed: int = 0
+
+    def batch(self) -> RolloutBatch:
+        if self.workload == "swe-cpu":
+            # SWE's shape at 1/16 of the tokens; environment times shrunk so compute matters.
+            profile = scaled(
+                get_profile("swe"), token_factor=1 / 16, time_factor=1 / 200, name="swe-cpu"
+            )
+        else:
+            profile = get_profile(self.workload)
+        return generate_batch(
+            profile, num_tasks=self.num_tasks, group_size=self.group_size, seed=self.seed
+        )
+
+
+DEFAULT_CASES = (
+    FidelityCase("swe-cpu 8 traj, 1 colocated", "swe-cpu", 2, 4, "1C"),
+    FidelityCase("swe-cpu 8 traj, 2 colocated", "swe-cpu", 2, 4, "2C"),
+    FidelityCase("swe-cpu 8 traj, 1P1D", "swe-cpu", 2, 4, "1P1D"),
+    FidelityCase("swe-cpu 16 traj, 2 colocated", "swe-cpu", 4, 4, "2C", seed=1),
+    FidelityCase("game 8 traj, 2 colocated", "game", 1, 8, "2C"),
+    FidelityCase("game 8 traj, 1P1D", "game", 1, 8, "1P1D"),
+)
+
+
+@dataclass(slots=True)
+class CaseResult:
+    case: FidelityCase
+    live_makespan_s: float
+    sim_makespan_s: float
+    turn_errors: list[float]  # relative error of each turn's latency (sim vs live)
+    live_turn_latency_s: float
+    sim_turn_latency_s: float
+
+    @property
+    def makespan_error(self) -> float:
+        return (self.sim_makespan_s - self.live_makespan_s) / self.live_makespan_s
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "case": self.case.name,
+            "deployment": self.case.deployment,
+            "live_makespan_s": self.live_makespan_s,
+            "sim_makespan_s": self.sim_makespan_s,
+            "makespan_error": self.makespan_error,
+            "median_abs_turn_error": statistics.median(abs(e) for e in self.turn_errors),
+            "live_mean_turn_s": self.live_turn_latency_s,
+            "sim_mean_turn_s": self.sim_turn_latency_s,
+        }
+
+
+def sim_cost(profile: Profile, model_config: dict[str, Any]) -> CostModel:
+    shape = profile.adapt_model(ModelShape.from_hf_config(model_config, "calibration"))
+    gpu = profile.gpu
+    if gpu is None:
+        raise ValueError("a fidelity run needs a profile with a fitted GPU (run calibration first)")
+    return CostModel(gpu, shape, tp=1, constants=profile.constants)
+
+
+def run_sim_case(
+    case: FidelityCase, cost: CostModel, engine: dict[str, Any], vocab: int, link_latency_s: float
+):
+    cfg = SimEngineConfig(
+        num_kv_blocks=engine["num_kv_blocks"],
+        block_size=engine["block_size"],
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        max_num_seqs=engine["max_num_seqs"],
+        max_model_len=CALIBRATION_MODEL["max_position_embeddings"],
+    )
+    report = simulate_fixed_rollout(
+        case.batch(),
+        cost,
+        Deployment.parse(case.deployment),
+        cfg,
+        vocab_size=vocab,
+        size_kv_from_memory=False,
+        link_latency_s=link_latency_s,
+    )
+    return report.result
+
+
+async def _live_workers(deployment: Deployment, model, engine: dict[str, Any]):
+    from pearl.live.worker import LiveWorker
+
+    workers = [
+        LiveWorker(f"w{i}", model, engine, WorkerRole.COLOCATED)
+        for i in range(deployment.num_workers)
+    ]
+    await asyncio.gather(*(w.ready() for w in workers))
+    # Warm up each process (first iterations pay one-off allocation costs), then assign roles.
+    for w in workers:
+        await w.generate(TurnRequest("warmup", "warmup", list(range(1, 200)), 16))
+        await w.release_session("warmup")
+    if not deployment.colocated:
+        for w in workers[: deployment.prefill]:
+            await w.set_role(WorkerRole.PREFILL)
+        for w in workers[deployment.prefill :]:
+            await w.set_role(WorkerRole.DECODE)
+    return workers
+
+
+def run_live_case(case: FidelityCase, model, engine: dict[str, Any], vocab: int) -> BatchResult:
+    from pearl.live.worker import LiveKVMover
+
+    deployment = Deployment.parse(case.deployment)
+
+    async def main() -> BatchResult:
+        workers = await _live_workers(deployment, model, engine)
+        router = Router(LiveKVMover())
+        if deployment.colocated:
+            router.set_topology(colocated=workers)
+        else:
+            router.set_topology(
+                prefill=workers[: deployment.prefill], decode=workers[deployment.prefill :]
+            )
+        try:
+            return await run_rollout_batch(
+                case.batch(), router, AsyncioClock(), AgentLoopConfig(vocab)
+            )
+        finally:
+            for w in workers:
+                w.kill()
+
+    return asyncio.run(main())
+
+
+def measure_transfer(model, engine: dict[str, Any], sizes=(64, 512, 2048)) -> tuple[float, float]:
+    """Fit (latency s, bandwidth B/s) of an actor-to-actor KV move from a few sizes."""
+    from pearl.live.worker import LiveKVMover
+
+    async def main() -> list[tuple[int, float]]:
+        workers = await _live_workers(Deployment(prefill=1, decode=1), model, engine)
+        p, d = workers
+        mover = LiveKVMover()
+        points = []
+        for i, n in enumerate(sizes):
+            for rep in range(3):
+                sid = f"xfer{i}-{rep}"
+                await p.prefill(TurnRequest(sid, sid, [1 + (j % 50) for j in range(n)], 2))
+                nbytes, seconds = await mover.move(p, d, sid, [], 0, n)
+                points.append((nbytes, seconds))
+        for w in workers:
+            w.kill()
+        return points
+
+    points = asyncio.run(main())
+    xs = [b for b, _ in points]
+    ys = [s for _, s in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(
+        1e-30, sum((x - mx) ** 2 for x in xs)
+    )
+    slope = max(slope, 1e-12)
+    latency = max(0.0, my - slope * mx)
+    return latency, 1.0 / slope
+
+
+def compare(
+    profile: Profile,
+    cases=DEFAULT_CASES,
+    model_config: dict[str, Any] = CALIBRATION_MODEL,
+    engine: dict[str, Any] = CALIBRATION_ENGINE,
+    log: Callable[[str], None] = print,
+) -> list[CaseResult]:
+    """Run every case live and simulated; return the per-case comparison."""
+    from pearl.live.server import ModelSpec
+    from pearl.live.worker import ensure_ray
+
+    ensure_ray(2)
+    model = ModelSpec(config=model_config, seed=0)
+    vocab = model_config["vocab_size"]
+    latency, bandwidth = measure_transfer(model, engine)
+    log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
+    gpu = dataclasses.replace(
+        profile.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
+    )
+    cost = sim_cost(dataclasses.replace(profile, gpu=gpu), model_config)
+    results = []
+    for case in cases:
+        t0 = time.perf_counter()
+        live = run_live_case(case, model, engine, vocab)
+        sim = run_sim_case(case, cost, engine, vocab, latency)
+        live_turns = {
+            (t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)
+        }
+        sim_turns = {(t.session_id, k): o for t in sim.trajectories for k, o in enumerate(t.turns)}
+        assert live_turns.keys() == sim_turns.keys(), "live and simulated runs saw different turns"
+        errors = []
+        lat_live, lat_sim = [], []
+        for key, lo in live_turns.items():
+            so = sim_turns[key]
+            a = lo.telemetry.finished_at - lo.telemetry.submitted_at
+            b = so.telemetry.finished_at - so.telemetry.submitted_at
+            lat_live.append(a)
+            lat_sim.append(b)
+            errors.append((b - a) / a if a > 0 else 0.0)
+        result = CaseResult(
+            case,
+            live.makespan_s,
+            sim.makespan_s,
+            errors,
+            statistics.fmean(lat_live),
+            statistics.fmean(lat_sim),
+        )
+        results.append(result)
+        row = result.row()
+        log(
+            f"{case.name:32s} live {row['live_makespan_s']:7.2f}s  sim {row['sim_makespan_s']:7.2f}s  "
+            f"makespan err {100 * row['makespan_error']:+6.1f}%  median |turn err| "
+            f"{100 * row['median_abs_turn_error']:5.1f}%   ({time.perf_counter() - t0:.0f}s)"
+        )
+    return results
