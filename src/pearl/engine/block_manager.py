@@ -100,9 +100,12 @@ class BlockManager:
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         table, ids, hashes = seq.block_table, seq.token_ids, self._hash
         prev = hashes[table[seq.num_hashed_blocks - 1]] if seq.num_hashed_blocks else NO_HASH
-        for i in range(seq.num_hashed_blocks, full):
+        first = seq.num_hashed_blocks
+        span = tuple(ids[first * bs : full * bs])  # one copy; per-block tuples are slices of it
+        for i in range(first, full):
             block_id = table[i]
-            tokens = tuple(ids[i * bs : (i + 1) * bs])
+            offset = (i - first) * bs
+            tokens = span[offset : offset + bs]
             h = hash((prev, tokens))  # chain_hash, inlined: this loop is hot in the simulator
             if hashes[block_id] == NO_HASH:
                 hashes[block_id] = h

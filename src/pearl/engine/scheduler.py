@@ -423,7 +423,7 @@ class Scheduler:
             )
         pinned = self.sessions.get(session_id)
         held = pinned.num_computed_tokens if pinned is not None else 0
-        held_tokens = pinned.token_ids[:held] if pinned is not None else []
+        held_tokens = pinned.token_ids if pinned is not None else []  # its first `held` are computed
         end = start + len(token_ids)
         if start > held:
             raise KVTransferError(
@@ -433,13 +433,14 @@ class Scheduler:
         if isinstance(prefix, str):
             prefix_matches = token_digest(held_tokens[:start]) == prefix
         else:
-            prefix_matches = len(prefix) == start and held_tokens[:start] == list(prefix)
+            prefix = prefix if isinstance(prefix, list) else list(prefix)
+            prefix_matches = len(prefix) == start and held_tokens[:start] == prefix
         if not prefix_matches:
             raise KVTransferError(
                 f"session {session_id!r}: the chunk's prefix tokens [0, {start}) differ from the tokens held here"
             )
         overlap = held - start
-        if list(held_tokens[start:held]) != list(token_ids[: min(overlap, len(token_ids))]):
+        if held_tokens[start:held] != list(token_ids[: min(overlap, len(token_ids))]):
             raise KVTransferError(
                 f"session {session_id!r}: the chunk's token ids differ from the held tokens [{start}, {held})"
             )
@@ -463,7 +464,8 @@ class Scheduler:
                         f"session {session_id!r}: no KV memory for {end - held} more tokens ({exc})"
                     ) from exc
                 self.release_session(next(iter(self.sessions)))
-        pinned.token_ids = held_tokens + list(token_ids[overlap:])
+        del pinned.token_ids[held:]  # a sampled-but-uncomputed last token is dropped
+        pinned.token_ids.extend(token_ids[overlap:])
         pinned.num_computed_tokens = end
         pinned.telemetry.kv_tokens_imported += end - held
         self.blocks.commit(pinned)
