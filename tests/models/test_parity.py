@@ -177,8 +177,7 @@ def ours_prefill_logits(
         slot_mapping=torch.arange(n),
         prefills=[PrefillSegment(0, n, n, None, None)],
         num_prefill_tokens=n,
-        decode_block_tables=None,
-        decode_mask=None,
+        decode_groups=[],
     )
     hidden = model(torch.tensor(ids), torch.arange(n), caches, meta)
     return model.compute_logits(hidden)
@@ -211,7 +210,7 @@ def ours_chunked_prefill_logits(
                 blocks,
                 chunk_causal_mask(end - start, end, torch.device("cpu")),
             )
-        meta = AttentionMetadata(slots, [seg], end - start, None, None)
+        meta = AttentionMetadata(slots, [seg], end - start, [])
         hidden = model(torch.tensor(ids[start:end]), torch.arange(start, end), caches, meta)
         out.append(model.compute_logits(hidden))
     return torch.cat(out)

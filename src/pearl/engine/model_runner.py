@@ -9,6 +9,7 @@ from pearl.engine.scheduler import SchedulerOutput
 from pearl.engine.sequence import Sequence
 from pearl.models.attention import (
     AttentionMetadata,
+    DecodeGroup,
     GatherWorkspace,
     PrefillSegment,
     chunk_causal_mask,
@@ -107,30 +108,38 @@ class ModelRunner:
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
         num_prefill = len(ids)
-        decode_tables = None
-        decode_mask = None
+        groups: list[DecodeGroup] = []
         if out.decodes:
-            max_blocks = 0
-            lens: list[int] = []
-            for seq in out.decodes:
+            # Rows go in ascending context length so each group pads little; sampling
+            # rows map back to the scheduler's order.
+            order = sorted(range(len(out.decodes)), key=lambda i: out.decodes[i].num_tokens)
+            row_of = [0] * len(order)
+            for row, i in enumerate(order):
+                seq = out.decodes[i]
                 p = seq.num_tokens - 1
                 ids.append(seq.token_ids[p])
                 pos.append(p)
                 slot_tables.append(seq.block_table[p // bs])
                 slot_offsets.append(p % bs)
-                lens.append(p + 1)
-                max_blocks = max(max_blocks, -(-(p + 1) // bs))
-            rows = [
-                s.block_table[:max_blocks]
-                + [0] * (max_blocks - min(len(s.block_table), max_blocks))
-                for s in out.decodes
-            ]
-            decode_tables = torch.tensor(rows, dtype=torch.long, device=dev)
-            ctx = torch.tensor(lens, dtype=torch.long, device=dev)
-            decode_mask = (
-                torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1)
-            )[:, None, None, :]
-            sample_rows.extend(range(num_prefill, len(ids)))
+                row_of[i] = row
+            for start, end in _length_groups([out.decodes[i].num_tokens for i in order]):
+                seqs = [out.decodes[i] for i in order[start:end]]
+                max_blocks = -(-seqs[-1].num_tokens // bs)
+                tables = [
+                    s.block_table[:max_blocks]
+                    + [0] * (max_blocks - len(s.block_table[:max_blocks]))
+                    for s in seqs
+                ]
+                ctx = torch.tensor([s.num_tokens for s in seqs], dtype=torch.long, device=dev)
+                mask = (torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1))[
+                    :, None, None, :
+                ]
+                groups.append(
+                    DecodeGroup(
+                        start, end, torch.tensor(tables, dtype=torch.long, device=dev), mask
+                    )
+                )
+            sample_rows.extend(num_prefill + row_of[i] for i in range(len(out.decodes)))
         slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(
             slot_offsets, dtype=torch.long
         )
@@ -138,8 +147,7 @@ class ModelRunner:
             slot_mapping=slot_mapping.to(dev),
             prefills=segments,
             num_prefill_tokens=num_prefill,
-            decode_block_tables=decode_tables,
-            decode_mask=decode_mask,
+            decode_groups=groups,
             workspace=self.workspace,
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
@@ -172,3 +180,17 @@ class ModelRunner:
             dtype=torch.long,
             device=self.device,
         )
+
+
+def _length_groups(lengths: list[int], max_padding: float = 0.25) -> list[tuple[int, int]]:
+    """Split ascending ``lengths`` into runs whose padded size (rows x longest) stays within
+    ``1 + max_padding`` of their real size, so attention cost tracks the sum of contexts."""
+    groups = []
+    start, total = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (i - start + 1) * n > (1 + max_padding) * (total + n):
+            groups.append((start, i))
+            start, total = i, 0
+        total += n
+    groups.append((start, len(lengths)))
+    return groups

@@ -31,16 +31,26 @@ class PrefillSegment:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Decode rows ``[row_start, row_end)`` (after the prefill tokens) attending to
+    ``block_tables`` (padded with block 0) under ``mask`` (True = attend)."""
+
+    row_start: int
+    row_end: int
+    block_tables: torch.Tensor  # [rows, max_blocks] int64
+    mask: torch.Tensor  # [rows, 1, 1, max_blocks * block_size] bool
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """Where to write new K/V and what each query reads, for one iteration."""
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
     prefills: list[PrefillSegment]
     num_prefill_tokens: int
-    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64 (padding: block 0)
-    decode_mask: (
-        torch.Tensor | None
-    )  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
+    # Decodes in groups of similar context length (rows of the flat batch after the
+    # prefill tokens), so padding to a group's longest context wastes little.
+    decode_groups: list[DecodeGroup]
     workspace: GatherWorkspace | None = (
         None  # reused gather buffers (fresh large tensors page-fault)
     )
@@ -107,18 +117,20 @@ def paged_attention(
                 query, keys, values, attn_mask=seg.causal_mask, enable_gqa=True
             )
         out[qs:qe] = attn.squeeze(0).transpose(0, 1)
-    if meta.decode_block_tables is not None:
-        ds = meta.num_prefill_tokens
-        batch, num_heads = q.shape[0] - ds, q.shape[1]
+    ds = meta.num_prefill_tokens
+    num_heads = q.shape[1]
+    for group in meta.decode_groups:
+        rows = group.row_end - group.row_start
         # One query token per sequence: the heads sharing a KV head act as that group's
         # query rows, so no K/V expansion is needed for GQA.
-        query = q[ds:].view(batch, kv_heads, num_heads // kv_heads, head_dim)
-        tables = meta.decode_block_tables.reshape(-1)
-        keys, values = _gather(k_cache, v_cache, tables, meta.workspace)
-        keys = keys.view(batch, -1, kv_heads, head_dim).transpose(1, 2)
-        values = values.view(batch, -1, kv_heads, head_dim).transpose(1, 2)
-        attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask)
-        out[ds:] = attn.reshape(batch, num_heads, head_dim)
+        query = q[ds + group.row_start : ds + group.row_end].view(
+            rows, kv_heads, num_heads // kv_heads, head_dim
+        )
+        keys, values = _gather(k_cache, v_cache, group.block_tables.reshape(-1), meta.workspace)
+        keys = keys.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
+        values = values.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
+        attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=group.mask)
+        out[ds + group.row_start : ds + group.row_end] = attn.reshape(rows, num_heads, head_dim)
     return out
 
 

@@ -1,0 +1,233 @@
+"""Calibration (pearl.sim.calibrate): profiling a live engine, fitting, saving the profile."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from pearl.engine.sequence import Request, SamplingParams
+from pearl.errors import ConfigError, EngineStateError
+from pearl.sim.calibrate import (
+    RANDOM_MODELS,
+    BatchKind,
+    BatchShape,
+    CalibrationGrid,
+    FittedRates,
+    Sample,
+    build_engine,
+    calibrate,
+    fit_profile,
+    get_grid,
+    model_shape_of,
+    profile_engine,
+    run_calibrate,
+    samples_from_profile,
+)
+from pearl.sim.costmodel import CostModel
+from pearl.sim.models import ModelShape
+from pearl.sim.profiles import load_profile, save_profile
+
+REPEATS = 5
+# Qwen3, vocab 512, hidden 64, 2 layers: iterations take ~3-15 ms here.
+TINY = RANDOM_MODELS["qwen3-tiny"]
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """One quick-grid calibration of the tiny model, shared by the tests below (~3 s)."""
+    grid = get_grid("quick")
+    engine = build_engine(TINY, grid, REPEATS)
+    path = tmp_path_factory.mktemp("calibration") / "cpu.yaml"
+    report = calibrate(engine, path, grid, repeats=REPEATS)
+    return engine, grid, report, load_profile(path)
+
+
+def predictions(profile, model, samples):
+    cost = CostModel(profile.gpu, profile.adapt_model(model), 1, profile.constants)
+    return np.array([cost.iteration_time(s.prefills, s.decode_contexts) for s in samples])
+
+
+def exact_samples(cost: CostModel, shapes) -> list[Sample]:
+    """Samples whose seconds are ``cost``'s predictions for each shape (no noise)."""
+    out = []
+    for shape in shapes:
+        prefills = ((shape.prefill_tokens, shape.prefill_prior),) * shape.prefill_chunks
+        contexts = (shape.decode_context,) * shape.decodes
+        out.append(Sample(prefills, contexts, cost.iteration_time(prefills, contexts)))
+    return out
+
+
+# --- profiling ----------------------------------------------------------------------------
+
+
+def test_profiled_batches_are_the_shapes_asked_for(calibrated):
+    engine, grid, _, profile = calibrated
+    samples = samples_from_profile(profile)
+    assert [s.shape for s in samples] == list(grid.shapes)
+    for s in samples:
+        shape = s.shape
+        assert s.kind is shape.kind
+        assert (
+            sorted(s.prefills)
+            == [(shape.prefill_tokens, shape.prefill_prior)] * shape.prefill_chunks
+        )
+        # Decodes advance one token per repeat; the sample holds the median repeat's batch.
+        assert len(s.decode_contexts) == shape.decodes
+        assert len(set(s.decode_contexts)) <= 1
+        assert all(
+            shape.decode_context <= c < shape.decode_context + REPEATS for c in s.decode_contexts
+        )
+        # The median repeat on the CPU clock, with its wall time alongside.
+        assert len(s.repeat_seconds) == len(s.repeat_cpu_seconds) == REPEATS
+        assert s.cpu_seconds == sorted(s.repeat_cpu_seconds)[REPEATS // 2]
+        assert s.seconds == s.repeat_seconds[s.repeat_cpu_seconds.index(s.cpu_seconds)]
+    assert {s.kind for s in samples} == set(BatchKind)
+    # The engine is left as found: idle, no pinned probes, its own batching limits.
+    assert not engine.scheduler.has_work() and not engine.scheduler.sessions
+    assert engine.scheduler.config.max_num_batched_tokens == engine.config.max_num_batched_tokens
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_profile_engine_refuses_a_busy_engine_and_shapes_that_do_not_fit(calibrated):
+    engine, *_ = calibrated
+    too_big = CalibrationGrid("big", (BatchShape(decodes=4096, decode_context=1024),))
+    with pytest.raises(ConfigError, match="4096 dec @1024.*num_kv_blocks"):
+        profile_engine(engine, too_big, 1)
+    too_long = CalibrationGrid("long", (BatchShape(prefill_chunks=1, prefill_tokens=4096),))
+    with pytest.raises(ConfigError, match="max_model_len"):
+        profile_engine(engine, too_long, 1)
+    engine.add_request(Request("busy", [1, 2, 3], SamplingParams(max_new_tokens=1)))
+    try:
+        with pytest.raises(EngineStateError, match="1 requests in flight"):
+            profile_engine(engine, get_grid("quick"), 1)
+    finally:
+        engine.abort("busy")
+
+
+# --- fitting ------------------------------------------------------------------------------
+
+
+def test_fit_predicts_the_measured_iterations(calibrated):
+    engine, _, report, profile = calibrated
+    samples = samples_from_profile(profile)
+    measured = np.array([s.cpu_seconds for s in samples])
+    errors = np.abs(predictions(profile, model_shape_of(engine), samples) / measured - 1)
+    assert errors.tolist() == pytest.approx([abs(e) for e in report.relative_errors])
+    # Fits here land at a 2-8% median, also with busy neighbours on the shared cores:
+    # CPU time leaves out the time they hold the core, and the median ignores the few
+    # samples they still disturb. 15% still fails a fit that misses the structure:
+    # predicting every iteration at the median time is ~30% off on this grid.
+    assert report.clock == "cpu" and report.errors["all"].median < 0.15
+    constant = np.median(np.abs(np.median(measured) / measured - 1))
+    assert report.errors["all"].median < 0.5 * constant
+    for kind in BatchKind:
+        assert report.errors[kind.value].count == sum(s.kind is kind for s in samples)
+
+
+def test_fit_recovers_a_known_cost_model():
+    model = ModelShape.from_hf_config(RANDOM_MODELS["qwen3-16m"], "qwen3-16m", dtype_bytes=4)
+    truth = FittedRates(
+        linear_flops_per_s=20e9,
+        attention_flops_per_s=12e9,
+        weight_bytes_per_s=6e9,
+        kv_bytes_per_s=1.5e9,
+        iteration_overhead_s=4e-3,
+        per_sequence_overhead_s=1.5e-4,
+        per_prefill_chunk_overhead_s=6e-4,
+    )
+    cost = CostModel(truth.gpu(16e9), model, 1, truth.constants())
+    samples = exact_samples(cost, get_grid("default").shapes)
+    profile, report = fit_profile(samples, model, clock="wall", memory_bytes=16e9)
+    assert report.errors["all"].max < 0.01
+    # Shapes the fit never saw are predicted as well (every parameter is pinned down).
+    held_out = exact_samples(
+        cost,
+        [
+            BatchShape(decodes=8, decode_context=1000),
+            BatchShape(decodes=48, decode_context=3000),
+            BatchShape(prefill_chunks=3, prefill_tokens=300, prefill_prior=700),
+            BatchShape(20, 700, 1, 100, 300),
+        ],
+    )
+    measured = np.array([s.seconds for s in held_out])
+    np.testing.assert_allclose(predictions(profile, model, held_out), measured, rtol=0.01)
+
+
+def test_fit_needs_enough_positive_samples():
+    model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
+    sample = Sample(((16, 0),), (), 0.01)
+    with pytest.raises(ConfigError, match="at least 7 samples"):
+        fit_profile([sample] * 3, model)
+    with pytest.raises(ConfigError, match="sample 7 has wall seconds=0.0"):
+        fit_profile([sample] * 7 + [dataclasses.replace(sample, seconds=0.0)], model, clock="wall")
+    with pytest.raises(ConfigError, match="no 'cpu' time"):
+        fit_profile([sample] * 7, model)
+
+
+# --- saving -------------------------------------------------------------------------------
+
+
+def test_saved_profile_loads_back_with_the_same_predictions(calibrated, tmp_path):
+    engine, grid, report, profile = calibrated
+    model = model_shape_of(engine)
+    samples = samples_from_profile(profile)
+    assert report.profile_path is not None and report.profiling_seconds > 0
+    assert profile.gpu.name == "cpu" and profile.dtype_bytes == 4
+    meta = profile.meta
+    assert meta["grid"] == "quick" and meta["repeats"] == REPEATS and meta["model"] == model.name
+    assert meta["fit"]["errors"]["all"]["median"] == pytest.approx(report.errors["all"].median)
+    assert "cpu" in meta["fitted_on"] and "date" in meta
+    # YAML -> JSON -> back: the same numbers, the same predictions.
+    again = load_profile(save_profile(tmp_path / "cpu.json", profile))
+    assert again == profile
+    np.testing.assert_allclose(
+        predictions(again, model, samples), predictions(profile, model, samples), rtol=1e-12
+    )
+
+
+def test_sample_round_trips_through_plain_data():
+    sample = Sample(
+        ((64, 128), (32, 0)),
+        (300, 300, 300, 17),
+        0.0123,
+        (0.0123, 0.02),
+        BatchShape(3, 300),
+        0.011,
+        (0.011, 0.012),
+    )
+    raw = sample.to_dict()
+    assert raw["decodes"] == [[300, 3], [17, 1]] and raw["kind"] == "mixed"
+    assert Sample.from_dict(raw) == sample
+    with pytest.raises(ConfigError, match="samples\\[2\\].*decodes"):
+        Sample.from_dict({"prefills": [], "seconds": 1.0}, "samples[2]")
+
+
+def test_grids_and_shapes_validate():
+    with pytest.raises(ConfigError, match="unknown calibration grid 'huge'.*default, quick"):
+        get_grid("huge")
+    with pytest.raises(ConfigError, match="decodes >= 1 or prefill_chunks >= 1"):
+        BatchShape()
+    with pytest.raises(ConfigError, match="prefill_tokens must be >= 2"):
+        BatchShape(prefill_chunks=1, prefill_tokens=1)
+    with pytest.raises(ConfigError, match="decodes must be an integer >= 0"):
+        BatchShape(decodes=-1)
+    assert BatchShape(4, 512, 1, 64, 0).describe() == "4 dec @512 + 1x64 pf @0"
+    default = get_grid("default")
+    assert {s.kind for s in default.shapes} == set(BatchKind)
+    assert default.max_len(3) < RANDOM_MODELS["qwen3-16m"]["max_position_embeddings"]
+
+
+def test_run_calibrate_on_a_model_folder_prints_the_fit_and_saves_json(tmp_path):
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))  # no weights: random init
+    lines: list[str] = []
+    report = run_calibrate(str(folder), str(tmp_path / "cpu.json"), "quick", 1, echo=lines.append)
+    text = "\n".join(lines)
+    assert "[16/16]" in text and "median" in text and str(tmp_path / "cpu.json") in text
+    profile = load_profile(tmp_path / "cpu.json")
+    assert profile.meta["model"] == "tiny-model" and profile.meta["repeats"] == 1
+    assert len(samples_from_profile(profile)) == len(report.relative_errors) == 16
+    with pytest.raises(ConfigError, match="neither a model folder.*qwen3-16m"):
+        build_engine(str(tmp_path / "missing"), get_grid("quick"))
