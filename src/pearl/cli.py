@@ -70,6 +70,65 @@ def simulate(
 
 
 @app.command()
+def calibrate(
+    model: str = typer.Option(
+        "qwen3-16m", help="model folder, config.json, or a random model: qwen3-16m, qwen3-tiny"
+    ),
+    out: str = typer.Option("profiles/cpu.yaml", help="where to write the fitted profile"),
+    grid: str = typer.Option("default", help="batch-shape grid: default or quick"),
+    repeats: int = typer.Option(5, min=1, max=50, help="timed repeats per shape"),
+    fidelity: bool = typer.Option(
+        True, help="then run live (Ray) vs simulated workloads and report the error"
+    ),
+    cases: str = typer.Option("all", help="fidelity cases: all, or a comma list of indices (0-5)"),
+    results: str = typer.Option("results/fidelity.json", help="where to write the fidelity table"),
+) -> None:
+    """Fit the cost model to this machine's engine; measure the simulator against live runs."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from pearl.errors import PearlError
+    from pearl.sim.calibrate import run_calibrate
+
+    try:
+        report = run_calibrate(model, out, grid, repeats=repeats)
+    except (PearlError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    if not fidelity:
+        return
+    from pearl.sim import fidelity as fid
+    from pearl.sim.profiles import load_profile
+
+    if model != "qwen3-16m":
+        typer.echo(
+            "fidelity runs use the built-in qwen3-16m model; calibrate that model for them",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    chosen = (
+        fid.DEFAULT_CASES
+        if cases == "all"
+        else [fid.DEFAULT_CASES[int(i)] for i in cases.split(",")]
+    )
+    rows = [r.row() for r in fid.compare(load_profile(out), chosen)]
+    errors = [abs(r["makespan_error"]) for r in rows]
+    print(
+        f"median |makespan error| over {len(rows)} cases: {100 * statistics.median(errors):.1f}% (target 10%)"
+    )
+    Path(results).parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "profile": out,
+        "fit": report.to_dict(),
+        "cases": rows,
+        "median_abs_makespan_error": statistics.median(errors),
+    }
+    Path(results).write_text(json.dumps(payload, indent=2))
+    print(f"wrote {results}")
+
+
+@app.command()
 def version() -> None:
     """Print PEARL's version."""
     from pearl import __version__

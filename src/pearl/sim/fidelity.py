@@ -16,6 +16,7 @@ from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
+from pearl.sim.calibrate import RANDOM_MODELS
 from pearl.sim.costmodel import CostModel
 from pearl.sim.models import ModelShape
 from pearl.sim.profiles import Profile
@@ -23,19 +24,8 @@ from pearl.sim.worker import SimEngineConfig
 from pearl.sim.world import Deployment, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
 
-# The model calibration and fidelity run on (random weights, ~5M parameters, float32).
-CALIBRATION_MODEL: dict[str, Any] = {
-    "model_type": "qwen3",
-    "vocab_size": 8192,
-    "hidden_size": 256,
-    "intermediate_size": 768,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-}
+# The model calibration and fidelity run on (random weights, 15.7M parameters, float32).
+CALIBRATION_MODEL: dict[str, Any] = RANDOM_MODELS["qwen3-16m"]
 
 CALIBRATION_ENGINE: dict[str, Any] = dict(
     block_size=16,
