@@ -18,7 +18,8 @@ from pearl.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Override values are parsed as YAML, so `run_name=123` arrives as an int.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
 
 class ModelSection(_Section):
@@ -52,7 +53,7 @@ class ClusterSection(_Section):
 
 class WorkloadSection(_Section):
     profile: str = Field(
-        "swe", description="workload profile: swe, swe-thinking, gui, search, game, tiny"
+        "swe", description="workload profile: swe, swe_thinking, gui, search, game, tiny"
     )
     num_tasks: int | None = Field(
         None, ge=1, description="tasks per batch (default: the profile's)"

@@ -8,10 +8,15 @@ its new KV is moved to the session's decode worker, which decodes it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections import defaultdict
 
 from pearl.control.interfaces import KVMover, RolloutWorker, TurnOutput, TurnRequest, WorkerRole
+from pearl.errors import EngineStateError, KVTransferError
+
+MAX_TRANSFER_ATTEMPTS = 50
+RETRY_BACKOFF_S = (0.01, 1.0)  # first and largest wait between attempts
 
 
 class NoWorkerAvailable(RuntimeError):
@@ -30,6 +35,7 @@ class Router:
         self._sessions_on: dict[str, int] = defaultdict(int)  # worker id -> sessions homed there
         self._inflight_prefill_tokens: dict[str, int] = defaultdict(int)
         self.turns_routed = 0
+        self.transfer_retries = 0
 
     @property
     def disaggregated(self) -> bool:
@@ -98,19 +104,37 @@ class Router:
             self._inflight_prefill_tokens[p.worker_id] -= new_tokens
         if first.finish_reason != "prefilled":
             return first  # finished at the prefill worker (max_new_tokens 1 or a stop token)
-        held = await d.session_length(turn.session_id)
-        end = len(turn.token_ids)
-        if held > end:
-            held = 0  # the decode worker holds a different branch; resend everything
-        moved, seconds = await self.kv_mover.move(p, d, turn.session_id, turn.token_ids, held, end)
-        rest = await d.decode(
-            dataclasses.replace(
-                turn,
-                request_id=f"{turn.request_id}/d",
-                token_ids=turn.token_ids + first.token_ids,
-                max_new_tokens=turn.max_new_tokens - 1,
+        rest = moved = seconds = None
+        for _attempt in range(MAX_TRANSFER_ATTEMPTS):
+            # What the decode worker holds can shrink while we wait (memory pressure unpins
+            # sessions), so a transfer or decode that finds it gone is retried from scratch.
+            held = await d.session_length(turn.session_id)
+            end = len(turn.token_ids)
+            if held > end:
+                held = 0  # the decode worker holds a different branch; resend everything
+            try:
+                moved, seconds = await self.kv_mover.move(
+                    p, d, turn.session_id, turn.token_ids, held, end
+                )
+                rest = await d.decode(
+                    dataclasses.replace(
+                        turn,
+                        request_id=f"{turn.request_id}/d",
+                        token_ids=turn.token_ids + first.token_ids,
+                        max_new_tokens=turn.max_new_tokens - 1,
+                    )
+                )
+                break
+            except (KVTransferError, EngineStateError):
+                # Out of KV memory on the decode side: wait for decodes to finish and free it.
+                self.transfer_retries += 1
+                low, high = RETRY_BACKOFF_S
+                await asyncio.sleep(min(high, low * 2**_attempt))
+        if rest is None:
+            raise NoWorkerAvailable(
+                f"session {turn.session_id!r}: decode worker {d.worker_id} lost the KV "
+                f"{MAX_TRANSFER_ATTEMPTS} times in a row (out of KV memory?)"
             )
-        )
         t = rest.telemetry
         t.submitted_at = first.telemetry.submitted_at
         t.first_token_at = first.telemetry.first_token_at

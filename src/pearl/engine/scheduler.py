@@ -423,7 +423,9 @@ class Scheduler:
             )
         pinned = self.sessions.get(session_id)
         held = pinned.num_computed_tokens if pinned is not None else 0
-        held_tokens = pinned.token_ids if pinned is not None else []  # its first `held` are computed
+        held_tokens = (
+            pinned.token_ids if pinned is not None else []
+        )  # its first `held` are computed
         end = start + len(token_ids)
         if start > held:
             raise KVTransferError(

@@ -30,7 +30,13 @@ class ModelSpec:
 class EngineServer:
     """Serves one ``LLMEngine`` to the control plane."""
 
-    def __init__(self, worker_id: str, model: ModelSpec, engine_config: dict[str, Any], torch_threads: int = 1) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        model: ModelSpec,
+        engine_config: dict[str, Any],
+        torch_threads: int = 1,
+    ) -> None:
         import torch
 
         from pearl.engine.engine import EngineConfig, LLMEngine
@@ -42,7 +48,9 @@ class EngineServer:
         if model.folder is not None:
             self.engine = LLMEngine.from_folder(model.folder, cfg)
         elif model.config is not None:
-            self.engine = LLMEngine.from_model_config(ModelConfig.from_dict(model.config), cfg, seed=model.seed)
+            self.engine = LLMEngine.from_model_config(
+                ModelConfig.from_dict(model.config), cfg, seed=model.seed
+            )
         else:
             raise ValueError("ModelSpec needs a folder or a config")
         self._futures: dict[str, tuple[asyncio.Future[RequestOutput], float]] = {}
@@ -55,10 +63,18 @@ class EngineServer:
         loop = asyncio.get_running_loop()
         submitted = loop.time()
         sampling = SamplingParams(
-            temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, seed=turn.seed,
-            max_new_tokens=turn.max_new_tokens, ignore_eos=turn.ignore_eos,
+            temperature=turn.temperature,
+            top_p=turn.top_p,
+            top_k=turn.top_k,
+            seed=turn.seed,
+            max_new_tokens=turn.max_new_tokens,
+            ignore_eos=turn.ignore_eos,
         )
-        self.engine.add_request(Request(turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=True))
+        self.engine.add_request(
+            Request(
+                turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=True
+            )
+        )
         fut: asyncio.Future[RequestOutput] = loop.create_future()
         self._futures[turn.request_id] = (fut, submitted)
         self._kick()
@@ -130,7 +146,9 @@ class EngineServer:
             telemetry=TurnTelemetry(
                 submitted_at=submitted,
                 first_token_at=t.first_token_at,
-                finished_at=t.finished_at if t.finished_at is not None else asyncio.get_running_loop().time(),
+                finished_at=t.finished_at
+                if t.finished_at is not None
+                else asyncio.get_running_loop().time(),
                 prefill_tokens_computed=t.prefill_tokens_computed,
                 prefill_tokens_cached=t.prefill_tokens_cached,
                 preemptions=t.preemptions,

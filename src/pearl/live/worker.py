@@ -17,7 +17,9 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+        )
 
 
 def _actor_class():
@@ -32,7 +34,13 @@ def _actor_class():
 class LiveWorker:
     """The control plane's handle on one engine actor."""
 
-    def __init__(self, worker_id: str, model: ModelSpec, engine_config: dict[str, Any], role: WorkerRole = WorkerRole.COLOCATED):
+    def __init__(
+        self,
+        worker_id: str,
+        model: ModelSpec,
+        engine_config: dict[str, Any],
+        role: WorkerRole = WorkerRole.COLOCATED,
+    ):
         self.worker_id = worker_id
         self._role = role
         config = {**engine_config, "role": role.value}

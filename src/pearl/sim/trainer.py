@@ -32,7 +32,9 @@ class SimulatedTrainer:
 
     async def train_step(self, batch: TrainBatch) -> TrainMetrics:
         if self._released:
-            raise EngineStateError("training started while its GPUs are lent out; restore_device() first")
+            raise EngineStateError(
+                "training started while its GPUs are lent out; restore_device() first"
+            )
         loop = asyncio.get_running_loop()
         start = loop.time()
         seconds = self.cost.train_step_time(batch.tokens, self.num_gpus, batch.max_sequence_tokens)

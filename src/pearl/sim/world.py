@@ -4,6 +4,7 @@ deployment (N colocated workers or an N_P:N_D split) running rollout batches."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
 from collections.abc import Sequence
@@ -212,12 +213,20 @@ def simulate_fixed_rollout(
         cluster.close()
         return result
 
+    gc_was_enabled = gc.isenabled()
+    # The simulator keeps ~10^5 long-lived small objects (token tuples of cached blocks);
+    # cyclic GC passes over them cost ~30% of the run, so collect once at the end instead.
+    gc.disable()
     try:
         result = loop.run_until_complete(main())
+    finally:
+        cluster.close()
         # Let cancelled engine loops unwind before the loop closes.
         loop.run_until_complete(asyncio.sleep(0))
-    finally:
         loop.close()
+        if gc_was_enabled:
+            gc.enable()
+            gc.collect()
     wall = time.perf_counter() - wall0
     turns = [o for t in result.trajectories for o in t.turns]
     return FixedRolloutReport(
