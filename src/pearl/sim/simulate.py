@@ -23,13 +23,15 @@ class SimulateOutcome:
 def build_cost_model(cfg: SimulateConfig) -> CostModel:
     gpu = get_gpu(cfg.cluster.gpu)
     constants = CostConstants()
+    shape = load_model_shape(cfg.model.name)
     if cfg.cluster.profile:
         from pearl.sim.profiles import load_profile
 
         profile = load_profile(cfg.cluster.profile)
         gpu = profile.gpu or gpu
         constants = profile.constants
-    return CostModel(gpu, load_model_shape(cfg.model.name), tp=cfg.cluster.tp, constants=constants)
+        shape = profile.adapt_model(shape)  # e.g. float32 weights and KV for a CPU profile
+    return CostModel(gpu, shape, tp=cfg.cluster.tp, constants=constants)
 
 
 def build_batch(cfg: SimulateConfig) -> RolloutBatch:
