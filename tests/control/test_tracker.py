@@ -1,0 +1,82 @@
+import math
+
+import pytest
+
+from pearl.control.decision import WorkloadParams
+from pearl.control.tracker import (
+    Ema,
+    IterationObservation,
+    RuntimeTracker,
+    TrajectoryObservation,
+    TurnObservation,
+)
+
+PRIOR = WorkloadParams(
+    turns=1,
+    decode_tokens_per_turn=1,
+    appended_tokens_per_turn=1,
+    bubble_ratio=0,
+    decode_step_fixed_s=1,
+    decode_step_per_sequence_s=1,
+    prefill_s_per_token=1,
+    switch_overhead_s=0,
+    env_time_s=0,
+    kv_bytes_per_token=1,
+    pd_bandwidth_bytes_per_s=math.inf,
+    kv_bytes_per_trajectory=1,
+    kv_capacity_bytes_per_worker=math.inf,
+    batch_trajectories=1,
+)
+
+
+def test_iteration_costs_are_recovered_from_worker_reports():
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    a, b, t = 0.02, 0.0005, 0.0001
+    for n in (1, 4, 16, 64):
+        tr.observe_iteration(IterationObservation(n, 0, a + b * n))
+    for p in (128, 512, 2048):
+        tr.observe_iteration(IterationObservation(0, p, a + t * p))
+    tr.observe_iteration(IterationObservation(8, 256, a + b * 8 + t * 256))
+    params = tr.end_step(batch_size=8, makespan_s=10)
+    assert params.decode_step_fixed_s == pytest.approx(a)
+    assert params.decode_step_per_sequence_s == pytest.approx(b)
+    assert params.prefill_s_per_token == pytest.approx(t)
+    assert params.batch_trajectories == 8
+
+
+def test_workload_shape_and_bubbles_come_from_trajectory_telemetry():
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    turn = TurnObservation(
+        appended_tokens=100, generated_tokens=50, kept_tokens=50, env_time_s=2.0, decode_s=1.0
+    )
+    tr.observe_trajectory(TrajectoryObservation((turn,) * 4, lifetime_s=20))
+    tr.observe_trajectory(TrajectoryObservation((turn,) * 2, lifetime_s=10))
+    params = tr.end_step(batch_size=2, makespan_s=20)
+    assert params.turns == 4  # the slowest trajectory
+    assert params.decode_tokens_per_turn == 50
+    assert params.appended_tokens_per_turn == 150
+    assert params.env_time_s == 8.0
+    f = 6 * 1.0 / (2 * 20)  # decoding time over trajectory-seconds
+    assert params.bubble_ratio == pytest.approx((1 - f) / f)
+
+
+def test_parameters_are_smoothed_across_steps():
+    tr = RuntimeTracker(PRIOR, alpha=0.5)
+    for gen in (100, 200):
+        turn = TurnObservation(10, gen, gen, 0.0, 1.0)
+        tr.observe_trajectory(TrajectoryObservation((turn,), lifetime_s=1))
+        params = tr.end_step(1, 1)
+    assert params.decode_tokens_per_turn == 150
+
+
+def test_without_observations_the_prior_stands():
+    params = RuntimeTracker(PRIOR).end_step(batch_size=4, makespan_s=0)
+    assert params.decode_step_fixed_s == PRIOR.decode_step_fixed_s
+    assert params.batch_trajectories == 4
+
+
+def test_toggle_cost_ema():
+    e = Ema(0.5)
+    assert e.update(10) == 10 and e.update(20) == 15
+    with pytest.raises(ValueError):
+        Ema(0)
