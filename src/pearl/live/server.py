@@ -108,6 +108,12 @@ class EngineServer:
     async def ping(self) -> str:
         return self.worker_id
 
+    async def profile(self, grid: str = "default", repeats: int = 5, clock: str = "wall") -> list:
+        """Calibration samples of this worker's own engine, timed where it really runs."""
+        from pearl.sim.calibrate import get_grid, profile_engine
+
+        return profile_engine(self.engine, get_grid(grid), repeats, clock=clock)
+
     # -- engine loop ----------------------------------------------------------------
     def _kick(self) -> None:
         if self._task is None or self._task.done():

@@ -29,7 +29,7 @@ CALIBRATION_MODEL: dict[str, Any] = RANDOM_MODELS["qwen3-16m"]
 
 CALIBRATION_ENGINE: dict[str, Any] = dict(
     block_size=16,
-    num_kv_blocks=2048,
+    num_kv_blocks=8448,
     max_num_batched_tokens=512,
     max_num_seqs=64,
     model_id="calibration",
@@ -105,7 +105,12 @@ def sim_cost(profile: Profile, model_config: dict[str, Any]) -> CostModel:
 
 
 def run_sim_case(
-    case: FidelityCase, cost: CostModel, engine: dict[str, Any], vocab: int, link_latency_s: float
+    case: FidelityCase,
+    cost: CostModel,
+    engine: dict[str, Any],
+    vocab: int,
+    link_latency_s: float,
+    request_overhead_s: float = 0.0,
 ):
     cfg = SimEngineConfig(
         num_kv_blocks=engine["num_kv_blocks"],
@@ -113,6 +118,7 @@ def run_sim_case(
         max_num_batched_tokens=engine["max_num_batched_tokens"],
         max_num_seqs=engine["max_num_seqs"],
         max_model_len=CALIBRATION_MODEL["max_position_embeddings"],
+        request_overhead_s=request_overhead_s,
     )
     report = simulate_fixed_rollout(
         case.batch(),
@@ -202,8 +208,36 @@ def measure_transfer(model, engine: dict[str, Any], sizes=(64, 512, 2048)) -> tu
     return latency, 1.0 / slope
 
 
+def calibrate_in_worker(model, engine: dict[str, Any], grid: str = "default", repeats: int = 5):
+    """Fit a profile from iterations timed inside a live worker process (wall clock), and
+    measure the per-turn overhead outside the engine (RPC and driver), median of 20 turns."""
+    from pearl.sim.calibrate import fit_profile
+
+    async def main():
+        (worker,) = await _live_workers(Deployment(colocated=1), model, engine)
+        samples = await worker.actor.profile.remote(grid, repeats, "wall")
+        overheads = []
+        for i in range(20):
+            before = await worker.stats()
+            t0 = time.monotonic()
+            await worker.generate(TurnRequest(f"probe{i}", f"probe{i}", [1 + i, 2, 3, 4, 5], 1))
+            elapsed = time.monotonic() - t0
+            after = await worker.stats()
+            busy = (after["model_time"] + after["scheduler_time"]) - (
+                before["model_time"] + before["scheduler_time"]
+            )
+            overheads.append(max(0.0, elapsed - busy))
+        worker.kill()
+        return samples, statistics.median(overheads)
+
+    samples, overhead = asyncio.run(main())
+    shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
+    profile, report = fit_profile(samples, shape, clock="wall")
+    return profile, report, overhead
+
+
 def compare(
-    profile: Profile,
+    profile: Profile | None,
     cases=DEFAULT_CASES,
     model_config: dict[str, Any] = CALIBRATION_MODEL,
     engine: dict[str, Any] = CALIBRATION_ENGINE,
@@ -216,6 +250,13 @@ def compare(
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
+    if profile is None:
+        profile, report, overhead = calibrate_in_worker(model, engine)
+        log("fit inside a worker process (wall clock):")
+        log(report.table())
+    else:
+        overhead = 0.0
+    log(f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms")
     latency, bandwidth = measure_transfer(model, engine)
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
     gpu = dataclasses.replace(
@@ -226,7 +267,7 @@ def compare(
     for case in cases:
         t0 = time.perf_counter()
         live = run_live_case(case, model, engine, vocab)
-        sim = run_sim_case(case, cost, engine, vocab, latency)
+        sim = run_sim_case(case, cost, engine, vocab, latency, overhead)
         live_turns = {
             (t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)
         }

@@ -50,6 +50,9 @@ class SimEngineConfig:
     max_model_len: int = 40960
     local_prefill_max_tokens: int = 0
     fast_forward: bool = True
+    # Per-turn cost outside the engine (RPC to the worker, driver bookkeeping), paid before
+    # the turn reaches the scheduler; 0 for an ideal in-process worker.
+    request_overhead_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -201,6 +204,8 @@ class SimulatedWorker:
             self.scheduler.add(EngineSequence(request, 0, self._now()))
             self._futures[turn.request_id] = fut
 
+        if self.config.request_overhead_s:
+            await asyncio.sleep(self.config.request_overhead_s)
         await self._command(apply)
         return self._turn_output(await fut, submitted)
 
