@@ -99,6 +99,7 @@ def calibrate(
     if not fidelity:
         return
     from pearl.sim import fidelity as fid
+
     if model != "qwen3-16m":
         typer.echo(
             "fidelity runs use the built-in qwen3-16m model; calibrate that model for them",

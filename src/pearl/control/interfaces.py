@@ -93,6 +93,9 @@ class RolloutWorker(Protocol):
     async def abort_all(self) -> list[TurnOutput]:
         """Stop every in-flight turn; return partial outputs."""
 
+    async def sync_weights(self, version: int, seconds: float) -> None:
+        """Install the trainer's weights ``version`` (taking about ``seconds``)."""
+
 
 class KVMover(Protocol):
     """Moves a session's KV for tokens ``[start, end)`` from a prefill to a decode worker."""

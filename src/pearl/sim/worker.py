@@ -109,6 +109,8 @@ class SimulatedWorker:
         self._wakeup: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._pause_s = 0.0
+        self._pending_version: int | None = None
 
     # -- RolloutWorker -----------------------------------------------------------
     @property
@@ -175,6 +177,17 @@ class SimulatedWorker:
             if fut is not None and not fut.done():
                 fut.set_result(out)
         return [self._turn_output(o, 0.0) for o in outputs]
+
+    async def sync_weights(self, version: int, seconds: float) -> None:
+        """Install weights ``version``: the engine pauses ``seconds`` between two iterations
+        (in-flight sequences continue afterwards under the new version)."""
+
+        def apply() -> None:
+            self._pause_s += seconds
+            self._pending_version = version
+
+        await self._command(apply)
+        await asyncio.sleep(seconds)  # the pause starts when the command lands
 
     def close(self) -> None:
         self._closed = True
@@ -276,6 +289,11 @@ class SimulatedWorker:
         sched = self.scheduler
         while not self._closed:
             self._drain_inbox()
+            if self._pause_s > 0:  # a weight sync holds the engine between iterations
+                pause, self._pause_s = self._pause_s, 0.0
+                await asyncio.sleep(pause)
+            if self._pending_version is not None:
+                self.weight_version, self._pending_version = self._pending_version, None
             if not sched.has_work():
                 await self._sleep_until(None)
                 continue
