@@ -129,3 +129,25 @@ def test_invalid_topologies_are_rejected():
         router.set_topology(
             prefill=[worker("p", WorkerRole.PREFILL)], decode=[worker("d", WorkerRole.DECODE)]
         )
+
+
+def test_a_turn_cut_short_by_a_shrink_resumes_elsewhere_without_losing_tokens():
+    async def main():
+        a, b = worker("a"), worker("b")
+        router = Router()
+        router.set_topology(colocated=[a])
+        turn = asyncio.ensure_future(router.run_turn(TurnRequest("r0", "s", [1] * 40, 50)))
+        await asyncio.sleep(0.2)  # ~20 decode iterations in
+        router.set_topology(colocated=[b])  # stop routing to a, then take its GPUs
+        partials = await a.abort_all()
+        out = await turn
+        a.close()
+        b.close()
+        return partials, out, router
+
+    partials, out, router = run_virtual(main)[0]
+    (partial,) = partials
+    assert partial.finish_reason == "abort" and 0 < len(partial.token_ids) < 50
+    assert len(out.token_ids) == 50 and len(out.logprobs) == 50
+    assert out.token_ids[: len(partial.token_ids)] == partial.token_ids  # nothing generated is lost
+    assert out.telemetry.decode_worker == "b" and router.turns_resumed == 1

@@ -15,6 +15,7 @@ from collections import defaultdict
 from pearl.control.interfaces import KVMover, RolloutWorker, TurnOutput, TurnRequest, WorkerRole
 from pearl.errors import EngineStateError, KVTransferError
 
+INTERRUPTED = ("abort", "handed_back")  # finish reasons of a turn cut short by a topology change
 MAX_TRANSFER_ATTEMPTS = 50
 RETRY_BACKOFF_S = (0.01, 1.0)  # first and largest wait between attempts
 
@@ -36,6 +37,7 @@ class Router:
         self._inflight_prefill_tokens: dict[str, int] = defaultdict(int)
         self.turns_routed = 0
         self.transfer_retries = 0
+        self.turns_resumed = 0
 
     @property
     def disaggregated(self) -> bool:
@@ -89,8 +91,44 @@ class Router:
         return worker
 
     async def run_turn(self, turn: TurnRequest) -> TurnOutput:
-        """Run one turn on the current topology and return its output."""
+        """Run one turn on the current topology and return its output.
+
+        If the worker running it is shrunk away or changes role mid-turn (its output comes
+        back aborted or handed back), the turn continues on the current topology from the
+        tokens already generated: no generated token is lost, only the context is
+        re-prefilled (mostly from the prefix cache if the session stays on a worker).
+        """
         self.turns_routed += 1
+        out = await self._run_once(turn)
+        resumed = 0
+        while out.finish_reason in INTERRUPTED and len(out.token_ids) < turn.max_new_tokens:
+            resumed += 1
+            self.turns_resumed += 1
+            rest = await self._run_once(
+                dataclasses.replace(
+                    turn,
+                    request_id=f"{turn.request_id}/resume{resumed}",
+                    token_ids=turn.token_ids + out.token_ids,
+                    max_new_tokens=turn.max_new_tokens - len(out.token_ids),
+                )
+            )
+            rest.telemetry.submitted_at = out.telemetry.submitted_at
+            rest.telemetry.first_token_at = (
+                out.telemetry.first_token_at or rest.telemetry.first_token_at
+            )
+            rest.telemetry.preemptions += out.telemetry.preemptions
+            out = TurnOutput(
+                request_id=turn.request_id,
+                session_id=turn.session_id,
+                token_ids=out.token_ids + rest.token_ids,
+                logprobs=out.logprobs + rest.logprobs,
+                finish_reason=rest.finish_reason,
+                weight_version=rest.weight_version,
+                telemetry=rest.telemetry,
+            )
+        return out
+
+    async def _run_once(self, turn: TurnRequest) -> TurnOutput:
         if not self.disaggregated:
             worker = self._pick(WorkerRole.COLOCATED, turn.session_id, self.colocated)
             return await worker.generate(turn)
