@@ -1,0 +1,110 @@
+"""Inter-scale cluster rebuilder: executes plans for preemptible GPUs.
+
+Shrinking is urgent and cheap: the leaving workers stop receiving turns at once (the
+table marks them inactive and the router forgets them), their in-flight turns are
+aborted and resume on the remaining workers from the tokens already generated, and
+their GPUs are returned. Expansion is expensive and deferrable: new workers
+initialize in the background while the others serve, receive the latest weights
+once up (lazy propagation), and are admitted all at once; if any of them fails to
+initialize, the whole expansion is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from pearl.control.interfaces import RolloutWorker, TurnOutput, WorkerRole
+from pearl.control.router import Router
+from pearl.control.state import SlotId, WorkerSlot, WorkerStatus, WorkerTable
+
+
+class WorkerFactory(Protocol):
+    """Starts and stops the process behind a worker slot (a world's business)."""
+
+    async def start(self, slot: WorkerSlot, role: WorkerRole) -> RolloutWorker:
+        """Prepare a worker on the slot's GPUs (takes the preparation latency); may raise."""
+
+    async def stop(self, slot_id: SlotId, worker: RolloutWorker) -> None:
+        """Release the slot's process and GPUs."""
+
+
+class InterScaleRebuilder:
+    """Owns the rollout worker handles; keeps the router in line with the table."""
+
+    def __init__(
+        self,
+        table: WorkerTable,
+        router: Router,
+        factory: WorkerFactory,
+        weight_version: Callable[[], int],
+        sync_seconds: Callable[[int], float],
+        finalize_s: float = 0.0,
+    ) -> None:
+        self.table = table
+        self.router = router
+        self.factory = factory
+        self.weight_version = weight_version
+        self.sync_seconds = sync_seconds
+        self.finalize_s = finalize_s
+        self.workers: dict[SlotId, RolloutWorker] = {}
+        self.expansions_cancelled = 0
+
+    def apply_topology(self) -> None:
+        """Route to exactly the table's active rollout workers, by role."""
+        snap = self.table.snapshot()
+        pick = lambda role: [self.workers[s] for s in snap.routable(role) if s in self.workers]  # noqa: E731
+        self.router.set_topology(
+            colocated=pick(WorkerRole.COLOCATED),
+            prefill=pick(WorkerRole.PREFILL),
+            decode=pick(WorkerRole.DECODE),
+        )
+
+    async def shrink(self, leaving: list[SlotId]) -> list[TurnOutput]:
+        """Take ``leaving`` out now; return the partial outputs of their aborted turns."""
+        leaving = [s for s in leaving if s in self.workers]
+        if not leaving:
+            return []
+        self.table.set_statuses({s: WorkerStatus.INACTIVE for s in leaving})
+        self.apply_topology()  # first stop routing, so resumed turns land elsewhere
+        handles = [self.workers.pop(s) for s in leaving]
+        partials = await asyncio.gather(*(w.abort_all() for w in handles))
+        await asyncio.gather(
+            *(self.factory.stop(s, w) for s, w in zip(leaving, handles, strict=True))
+        )
+        return [p for group in partials for p in group]
+
+    async def expand(self, joining: Mapping[SlotId, WorkerRole]) -> bool:
+        """Start ``joining`` workers in the background and admit them together; False (and
+        nothing admitted) if any fails to start."""
+        if not joining:
+            return True
+        snap = self.table.snapshot()
+        for slot_id, role in joining.items():
+            if snap.slot(slot_id).role is not role:
+                self.table.set_role(slot_id, role)
+        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in joining})
+        snap = self.table.snapshot()
+        starts = [
+            asyncio.ensure_future(self.factory.start(snap.slot(s), r)) for s, r in joining.items()
+        ]
+        results = await asyncio.gather(*starts, return_exceptions=True)
+        if any(isinstance(r, BaseException) for r in results):
+            self.expansions_cancelled += 1
+            for slot_id, r in zip(joining, results, strict=True):
+                if not isinstance(r, BaseException):
+                    await self.factory.stop(slot_id, r)
+            self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
+            return False
+        handles = dict(zip(joining, results, strict=True))
+        # Lazy weight propagation: the newest snapshot, once the workers are up.
+        version = self.weight_version()
+        seconds = self.sync_seconds(len(handles))
+        await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
+        await asyncio.sleep(self.finalize_s)
+        # Atomic admission: every joiner becomes active in one table update.
+        self.workers.update(handles)
+        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
+        self.apply_topology()
+        return True

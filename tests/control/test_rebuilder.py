@@ -1,0 +1,139 @@
+"""Inter-scale rebuilder on simulated workers in virtual time."""
+
+import asyncio
+
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.interfaces import AsyncioClock, WorkerRole
+from pearl.control.rebuilder import InterScaleRebuilder
+from pearl.control.rollout import run_rollout_batch
+from pearl.control.router import Router
+from pearl.control.state import WorkerStatus, WorkerTable, Zone
+from pearl.sim.clock import run_virtual
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+from pearl.workloads.agentic import generate_batch, get_profile
+
+
+class FlatCost:
+    def iteration_time(self, prefills, decode_contexts):
+        return 0.02 + 1e-5 * (sum(n for n, _ in prefills) + len(decode_contexts))
+
+    def decode_time(self, batch_size, total_context):
+        return 0.02 + 1e-5 * batch_size
+
+    def decode_times(self, batch_size, total_context, steps):
+        return [self.decode_time(batch_size, total_context)] * steps
+
+
+class CheckedWorker(SimulatedWorker):
+    """Fails the test if a turn reaches it while the table says it must not get one."""
+
+    table: WorkerTable
+    slot_id: int
+
+    async def generate(self, turn):
+        slot = self.table.snapshot().slot(self.slot_id)
+        assert slot.status is WorkerStatus.ACTIVE and slot.role is WorkerRole.COLOCATED, slot
+        return await super().generate(turn)
+
+
+class Factory:
+    def __init__(self, table, prepare_s=30.0, fail=()):
+        self.table, self.prepare_s, self.fail = table, prepare_s, set(fail)
+        self.started, self.stopped = [], []
+
+    async def start(self, slot, role):
+        await asyncio.sleep(self.prepare_s)
+        if slot.slot_id in self.fail:
+            raise RuntimeError(f"slot {slot.slot_id} failed to initialize")
+        w = CheckedWorker(
+            f"w{slot.slot_id}",
+            FlatCost(),
+            SimEngineConfig(num_kv_blocks=2048),
+            role=role,
+            vocab_size=1000,
+        )
+        w.table, w.slot_id = self.table, slot.slot_id
+        self.started.append(slot.slot_id)
+        return w
+
+    async def stop(self, slot_id, worker):
+        worker.close()
+        self.stopped.append(slot_id)
+
+
+def setup(fail=()):
+    table = WorkerTable()
+    slots = [
+        table.add_slot([2 * i, 2 * i + 1], Zone.DEDICATED, WorkerRole.COLOCATED) for i in range(4)
+    ]
+    router = Router()
+    factory = Factory(table, fail=fail)
+    rebuilder = InterScaleRebuilder(
+        table, router, factory, weight_version=lambda: 3, sync_seconds=lambda n: 2.0, finalize_s=5.0
+    )
+    return table, slots, router, factory, rebuilder
+
+
+def test_shrink_and_expand_while_a_batch_runs():
+    batch = generate_batch(get_profile("game"), num_tasks=1, group_size=8, seed=0)
+    table, slots, router, factory, rebuilder = setup()
+
+    async def main():
+        assert await rebuilder.expand(
+            {slots[0]: WorkerRole.COLOCATED, slots[1]: WorkerRole.COLOCATED}
+        )
+        run = asyncio.ensure_future(
+            run_rollout_batch(batch, router, AsyncioClock(), AgentLoopConfig(1000))
+        )
+        await asyncio.sleep(1.0)
+        partials = await rebuilder.shrink([slots[1]])  # preempted mid-batch
+        t0 = asyncio.get_running_loop().time()
+        assert await rebuilder.expand(
+            {slots[2]: WorkerRole.COLOCATED, slots[3]: WorkerRole.COLOCATED}
+        )
+        admitted = asyncio.get_running_loop().time() - t0
+        result = await run
+        for w in list(rebuilder.workers.values()):
+            w.close()
+        return partials, admitted, result
+
+    partials, admitted, result = run_virtual(main)[0]
+    assert abs(admitted - (30.0 + 2.0 + 5.0)) < 1e-9  # prepare, weight sync, finalize
+    assert any(p.finish_reason == "abort" for p in partials)
+    # Every trajectory completed exactly once, every turn with its full response.
+    assert sorted(t.session_id for t in result.trajectories) == sorted(
+        f"{t.task_id}/{t.index_in_group}" for t in batch.trajectories
+    )
+    for traj in result.trajectories:
+        for out, turn in zip(traj.turns, traj.trajectory.turns, strict=True):
+            assert len(out.token_ids) == turn.response_tokens
+    assert router.turns_resumed >= 1
+    snap = table.snapshot()
+    assert [snap.slot(s).status for s in slots] == [
+        WorkerStatus.ACTIVE,
+        WorkerStatus.INACTIVE,
+        WorkerStatus.ACTIVE,
+        WorkerStatus.ACTIVE,
+    ]
+    assert factory.stopped == [slots[1]]
+
+
+def test_expansion_is_all_or_nothing():
+    table, slots, router, factory, rebuilder = setup(fail={"never"})
+    factory.fail = {slots[3]}
+
+    async def main():
+        ok = await rebuilder.expand(
+            {slots[2]: WorkerRole.COLOCATED, slots[3]: WorkerRole.COLOCATED}
+        )
+        return ok
+
+    ok = run_virtual(main)[0]
+    assert ok is False and rebuilder.expansions_cancelled == 1
+    snap = table.snapshot()
+    assert (
+        snap.slot(slots[2]).status is WorkerStatus.INACTIVE
+        and snap.slot(slots[3]).status is WorkerStatus.INACTIVE
+    )
+    assert factory.stopped == [slots[2]]  # the one that did start is released
+    assert router.colocated == []
