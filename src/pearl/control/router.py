@@ -16,6 +16,7 @@ from pearl.control.interfaces import KVMover, RolloutWorker, TurnOutput, TurnReq
 from pearl.errors import EngineStateError, KVTransferError
 
 INTERRUPTED = ("abort", "handed_back")  # finish reasons of a turn cut short by a topology change
+REBALANCE_GAP = 2  # sessions more than the least-loaded worker before a session moves
 MAX_TRANSFER_ATTEMPTS = 50
 RETRY_BACKOFF_S = (0.01, 1.0)  # first and largest wait between attempts
 
@@ -38,6 +39,7 @@ class Router:
         self.turns_routed = 0
         self.transfer_retries = 0
         self.turns_resumed = 0
+        self.sessions_moved = 0
 
     @property
     def disaggregated(self) -> bool:
@@ -76,7 +78,13 @@ class Router:
     def _pick(self, role: WorkerRole, session_id: str, pool: list[RolloutWorker]) -> RolloutWorker:
         worker = self._home.get((role, session_id))
         if worker is not None:
-            return worker
+            if not self._overloaded(worker, pool):
+                return worker
+            # Workers joined (or others are far less loaded): this session moves at a turn
+            # boundary, trading its cached KV for balance. Its old KV ages out of that cache.
+            del self._home[(role, session_id)]
+            self._sessions_on[worker.worker_id] -= 1
+            self.sessions_moved += 1
         if not pool:
             raise NoWorkerAvailable(f"no active {role.value} worker for session {session_id!r}")
 
@@ -89,6 +97,14 @@ class Router:
         self._home[(role, session_id)] = worker
         self._sessions_on[worker.worker_id] += 1
         return worker
+
+    def _overloaded(self, home: RolloutWorker, pool: list[RolloutWorker]) -> bool:
+        """True if ``home`` holds at least ``REBALANCE_GAP`` more sessions than the least
+        loaded worker of its pool (how sessions reach workers that joined mid-batch)."""
+        if len(pool) < 2:
+            return False
+        least = min(self._sessions_on[w.worker_id] for w in pool)
+        return self._sessions_on[home.worker_id] - least >= REBALANCE_GAP
 
     async def run_turn(self, turn: TurnRequest) -> TurnOutput:
         """Run one turn on the current topology and return its output.

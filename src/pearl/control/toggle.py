@@ -1,0 +1,102 @@
+"""Intra-scale toggle manager: borrows idle training GPUs for rollout between updates.
+
+The overlap workers' processes stay alive across hand-offs; only device state moves
+(the trainer releases its weights/optimizer state, a rollout worker restores its
+weights and KV cache, and back). Borrowing happens after Training Finished, only if
+the benefit gate says it pays; returning is mandatory and completes before the next
+training step may start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from pearl.control.interfaces import RolloutWorker, Trainer, TurnOutput, WorkerRole
+from pearl.control.rebuilder import InterScaleRebuilder
+from pearl.control.state import SlotId, WorkerStatus
+
+
+class IntraScaleToggleManager:
+    """Lends the overlap zone's rollout workers out and takes them back."""
+
+    def __init__(
+        self,
+        rebuilder: InterScaleRebuilder,
+        trainer: Trainer,
+        training_slots: list[SlotId],
+        overlap_workers: Mapping[SlotId, RolloutWorker],
+        activate_s: float,
+        deactivate_s: float,
+        gate: Callable[[], bool] | None = None,
+    ) -> None:
+        self.rebuilder = rebuilder
+        self.table = rebuilder.table
+        self.trainer = trainer
+        self.training_slots = list(training_slots)
+        self.overlap = dict(overlap_workers)  # retained processes, device state released
+        self.activate_s = activate_s
+        self.deactivate_s = deactivate_s
+        self.gate = gate
+        self.borrowed = False
+        self.rounds = 0
+        self.skipped_by_gate = 0
+        self.toggle_seconds: list[float] = []
+
+    async def borrow(self, roles: Mapping[SlotId, WorkerRole] | None = None) -> bool:
+        """After Training Finished: activate the overlap workers if the gate allows."""
+        if self.borrowed:
+            return True
+        if self.gate is not None and not self.gate():
+            self.skipped_by_gate += 1
+            return False
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        roles = roles or {s: WorkerRole.COLOCATED for s in self.overlap}
+        await self.trainer.release_device()
+        self.table.set_statuses({s: WorkerStatus.INACTIVE for s in self.training_slots})
+        for slot_id, role in roles.items():
+            if self.table.snapshot().slot(slot_id).role is not role:
+                self.table.set_role(slot_id, role)
+        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in roles})
+        version = self.trainer.weight_version
+        # Restoring device state: weights come from the trainer's latest snapshot.
+        await asyncio.gather(
+            *(self.overlap[s].sync_weights(version, self.activate_s) for s in roles)
+        )
+        self.rebuilder.workers.update({s: self.overlap[s] for s in roles})
+        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in roles})
+        self.rebuilder.apply_topology()
+        self.borrowed = True
+        self.rounds += 1
+        self.toggle_seconds.append(loop.time() - t0)
+        return True
+
+    async def give_back(self) -> list[TurnOutput]:
+        """Before Training Begin: stop routing to the overlap workers, abort their turns
+        (they resume on dedicated workers), release device state, restore the trainer."""
+        if not self.borrowed:
+            return []
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        slots = [s for s in self.overlap if s in self.rebuilder.workers]
+        self.table.set_statuses({s: WorkerStatus.INACTIVE for s in slots})
+        self.rebuilder.apply_topology()
+        for s in slots:
+            del self.rebuilder.workers[s]
+        partials = await asyncio.gather(*(self.overlap[s].abort_all() for s in slots))
+        await asyncio.sleep(self.deactivate_s)
+        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in self.training_slots})
+        await self.trainer.restore_device()
+        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in self.training_slots})
+        self.borrowed = False
+        if self.toggle_seconds:
+            self.toggle_seconds[-1] += loop.time() - t0
+        return [p for group in partials for p in group]
+
+    # Pipeline hooks: the Elastic Scheduler forwards Training Begin/Finished here.
+    async def on_training_begin(self, step: int) -> None:
+        await self.give_back()
+
+    async def on_training_finished(self, step: int, weight_version: int) -> None:
+        await self.borrow()
