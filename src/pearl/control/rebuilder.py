@@ -89,7 +89,18 @@ class InterScaleRebuilder:
         starts = [
             asyncio.ensure_future(self.factory.start(snap.slot(s), r)) for s, r in joining.items()
         ]
-        results = await asyncio.gather(*starts, return_exceptions=True)
+        try:
+            results = await asyncio.gather(*starts, return_exceptions=True)
+        except asyncio.CancelledError:
+            # A shrink overtook this expansion: all-or-nothing, so nothing joins.
+            self.expansions_cancelled += 1
+            for task in starts:
+                task.cancel()
+            for slot_id, task in zip(joining, starts, strict=True):
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    await self.factory.stop(slot_id, task.result())
+            self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
+            raise
         if any(isinstance(r, BaseException) for r in results):
             self.expansions_cancelled += 1
             for slot_id, r in zip(joining, results, strict=True):
@@ -101,8 +112,15 @@ class InterScaleRebuilder:
         # Lazy weight propagation: the newest snapshot, once the workers are up.
         version = self.weight_version()
         seconds = self.sync_seconds(len(handles))
-        await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
-        await asyncio.sleep(self.finalize_s)
+        try:
+            await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
+            await asyncio.sleep(self.finalize_s)
+        except asyncio.CancelledError:
+            self.expansions_cancelled += 1
+            for slot_id, worker in handles.items():
+                await self.factory.stop(slot_id, worker)
+            self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
+            raise
         # Atomic admission: every joiner becomes active in one table update.
         self.workers.update(handles)
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
