@@ -137,3 +137,44 @@ def test_expansion_is_all_or_nothing():
     )
     assert factory.stopped == [slots[2]]  # the one that did start is released
     assert router.colocated == []
+
+
+def test_role_switch_mid_batch_from_colocated_to_disaggregated():
+    batch = generate_batch(get_profile("game"), num_tasks=1, group_size=8, seed=0)
+    table, slots, _, factory, _ = setup()
+
+    class InstantMover:
+        async def move(self, src, dst, session_id, token_ids, start, end):
+            await dst.import_kv(session_id, token_ids, start, end)
+            return (end - start) * 4, 0.0
+
+    router = Router(InstantMover())
+    rebuilder = InterScaleRebuilder(table, router, factory, lambda: 0, lambda n: 0.0)
+
+    async def main():
+        await rebuilder.expand({slots[0]: WorkerRole.COLOCATED, slots[1]: WorkerRole.COLOCATED})
+        run = asyncio.ensure_future(
+            run_rollout_batch(batch, router, AsyncioClock(), AgentLoopConfig(1000))
+        )
+        await asyncio.sleep(2.0)
+        handed = await rebuilder.reassign(
+            {slots[0]: WorkerRole.PREFILL, slots[1]: WorkerRole.DECODE}
+        )
+        result = await run
+        for w in rebuilder.workers.values():
+            w.close()
+        return handed, result
+
+    handed, result = run_virtual(main)[0]
+    assert router.disaggregated
+    for traj in result.trajectories:
+        assert [len(o.token_ids) for o in traj.turns] == [
+            t.response_tokens for t in traj.trajectory.turns
+        ]
+    late_turns = [
+        o
+        for t in result.trajectories
+        for o in t.turns
+        if o.telemetry.prefill_worker == "w0" and o.telemetry.decode_worker == "w1"
+    ]
+    assert late_turns  # turns after the switch went prefill -> decode

@@ -111,8 +111,14 @@ def test_topology_change_rehomes_sessions_of_departed_workers():
         router.set_topology(colocated=[b])
         out = await router.run_turn(TurnRequest("r1", "s", [1] * 40, 4))
         router.set_topology()
-        with pytest.raises(NoWorkerAvailable):
+        router.max_wait_s = 30.0
+        with pytest.raises(NoWorkerAvailable):  # after waiting 30 s for a worker
             await router.run_turn(TurnRequest("r2", "s", [1] * 50, 4))
+        # A turn waiting through a reconfiguration proceeds once workers are back.
+        late = asyncio.ensure_future(router.run_turn(TurnRequest("r3", "s", [1] * 50, 4)))
+        await asyncio.sleep(5.0)
+        router.set_topology(colocated=[a])
+        assert len((await late).token_ids) == 4
         a.close()
         b.close()
         return out

@@ -96,6 +96,9 @@ class RolloutWorker(Protocol):
     async def sync_weights(self, version: int, seconds: float) -> None:
         """Install the trainer's weights ``version`` (taking about ``seconds``)."""
 
+    async def set_role(self, role: WorkerRole) -> list[TurnOutput]:
+        """Switch role, handing back in-flight turns the new role cannot run."""
+
 
 class KVMover(Protocol):
     """Moves a session's KV for tokens ``[start, end)`` from a prefill to a decode worker."""

@@ -126,3 +126,25 @@ class InterScaleRebuilder:
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
         self.apply_topology()
         return True
+
+    async def reassign(self, roles: Mapping[SlotId, WorkerRole]) -> list[TurnOutput]:
+        """Change the roles of active workers (a mode or P:D ratio switch). They leave the
+        router, hand back in-flight turns (which resume on the new topology), switch role
+        and return together; returns the handed-back partial outputs."""
+        snap = self.table.snapshot()
+        changes = {s: r for s, r in roles.items() if snap.slot(s).role is not r}
+        if not changes:
+            return []
+        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in changes})
+        for slot_id, role in changes.items():
+            self.table.set_role(slot_id, role)
+        # Route to the workers that keep their role while the others switch; if that leaves
+        # the topology invalid (e.g. no decode worker yet), route to none until the switch ends.
+        try:
+            self.apply_topology()
+        except ValueError:
+            self.router.set_topology()
+        partials = await asyncio.gather(*(self.workers[s].set_role(r) for s, r in changes.items()))
+        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in changes})
+        self.apply_topology()
+        return [p for group in partials for p in group]

@@ -28,8 +28,11 @@ class NoWorkerAvailable(RuntimeError):
 class Router:
     """Routes turns over the current topology; ``set_topology`` changes it between turns."""
 
-    def __init__(self, kv_mover: KVMover | None = None) -> None:
+    def __init__(self, kv_mover: KVMover | None = None, max_wait_s: float = 3600.0) -> None:
         self.kv_mover = kv_mover
+        # While a reconfiguration leaves no worker for a role, turns wait this long for one.
+        self.max_wait_s = max_wait_s
+        self._topology_changed = asyncio.Event()
         self.colocated: list[RolloutWorker] = []
         self.prefill: list[RolloutWorker] = []
         self.decode: list[RolloutWorker] = []
@@ -62,6 +65,8 @@ class Router:
         if prefill and self.kv_mover is None:
             raise ValueError("a disaggregated topology needs a KV mover")
         self.colocated, self.prefill, self.decode = list(colocated), list(prefill), list(decode)
+        self._topology_changed.set()
+        self._topology_changed = asyncio.Event()
         active = {
             WorkerRole.COLOCATED: {w.worker_id for w in colocated},
             WorkerRole.PREFILL: {w.worker_id for w in prefill},
@@ -144,7 +149,21 @@ class Router:
             )
         return out
 
+    async def _wait_for_workers(self, session_id: str) -> None:
+        """Wait (up to ``max_wait_s``) while a reconfiguration leaves the topology empty."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        while not (self.colocated or (self.prefill and self.decode)):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise NoWorkerAvailable(f"no active rollout worker for session {session_id!r}")
+            try:
+                await asyncio.wait_for(self._topology_changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
     async def _run_once(self, turn: TurnRequest) -> TurnOutput:
+        await self._wait_for_workers(turn.session_id)
         if not self.disaggregated:
             worker = self._pick(WorkerRole.COLOCATED, turn.session_id, self.colocated)
             return await worker.generate(turn)
