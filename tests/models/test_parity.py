@@ -162,7 +162,7 @@ def _prompt(seed: int, length: int) -> list[int]:
 
 def _empty_caches(model: DecoderForCausalLM, num_blocks: int, block_size: int):
     cfg = model.config
-    shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    shape = (cfg.num_key_value_heads, num_blocks, block_size, cfg.head_dim)
     return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_hidden_layers)]
 
 

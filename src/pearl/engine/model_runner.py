@@ -46,9 +46,9 @@ class ModelRunner:
         shape = (
             cfg.num_hidden_layers,
             2,
+            cfg.num_key_value_heads,
             self.num_blocks,
             self.block_size,
-            cfg.num_key_value_heads,
             cfg.head_dim,
         )
         self.kv_cache = torch.zeros(shape, dtype=torch.float32, device=self.device)
@@ -160,18 +160,18 @@ class ModelRunner:
         slots = self._slots(seq.block_table, start, end)
         cfg = self.model.config
         flat = self.kv_cache.view(
-            cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim
+            cfg.num_hidden_layers, 2, cfg.num_key_value_heads, -1, cfg.head_dim
         )
-        return flat[:, :, slots].cpu()
+        return flat[:, :, :, slots].permute(0, 1, 3, 2, 4).contiguous().cpu()
 
     def write_kv(self, seq: Sequence, start: int, kv: torch.Tensor) -> None:
         """Write ``kv [layers, 2, n, kv_heads, head_dim]`` into the slots of tokens ``[start, start+n)``."""
         slots = self._slots(seq.block_table, start, start + kv.shape[2])
         cfg = self.model.config
         flat = self.kv_cache.view(
-            cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim
+            cfg.num_hidden_layers, 2, cfg.num_key_value_heads, -1, cfg.head_dim
         )
-        flat[:, :, slots] = kv.to(device=flat.device, dtype=flat.dtype)
+        flat[:, :, :, slots] = kv.permute(0, 1, 3, 2, 4).to(device=flat.device, dtype=flat.dtype)
 
     def _slots(self, table: list[int], start: int, end: int) -> torch.Tensor:
         bs = self.block_size
