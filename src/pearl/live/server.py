@@ -12,10 +12,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, WorkerRole
+from pearl.control.interfaces import TurnOutput, TurnRequest
 from pearl.engine.kv_transfer import KVChunk
 from pearl.engine.scheduler import InFlight
-from pearl.engine.sequence import Request, RequestOutput, Role, SamplingParams
+from pearl.engine.sequence import RequestOutput, Role
+from pearl.turns import engine_request, turn_output
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,19 +63,7 @@ class EngineServer:
         """Generate (colocated), prefill (prefill role) or decode (decode role) one turn."""
         loop = asyncio.get_running_loop()
         submitted = loop.time()
-        sampling = SamplingParams(
-            temperature=turn.temperature,
-            top_p=turn.top_p,
-            top_k=turn.top_k,
-            seed=turn.seed,
-            max_new_tokens=turn.max_new_tokens,
-            ignore_eos=turn.ignore_eos,
-        )
-        self.engine.add_request(
-            Request(
-                turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=True
-            )
-        )
+        self.engine.add_request(engine_request(turn))
         fut: asyncio.Future[RequestOutput] = loop.create_future()
         self._futures[turn.request_id] = (fut, submitted)
         self._kick()
@@ -140,29 +129,5 @@ class EngineServer:
         return self._turn_output(out, submitted)
 
     def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
-        t = out.telemetry
-        role = self.engine.role
-        return TurnOutput(
-            request_id=out.request_id,
-            session_id=out.session_id or "",
-            token_ids=out.token_ids,
-            logprobs=out.logprobs,
-            finish_reason=out.finish_reason.value,
-            weight_version=out.weight_version,
-            telemetry=TurnTelemetry(
-                submitted_at=submitted,
-                first_token_at=t.first_token_at,
-                finished_at=t.finished_at
-                if t.finished_at is not None
-                else asyncio.get_running_loop().time(),
-                prefill_tokens_computed=t.prefill_tokens_computed,
-                prefill_tokens_cached=t.prefill_tokens_cached,
-                preemptions=t.preemptions,
-                prefill_worker=self.worker_id if role is not Role.DECODE else None,
-                decode_worker=self.worker_id if role is not Role.PREFILL else None,
-            ),
-        )
-
-
-def worker_role(role: Role | WorkerRole | str) -> WorkerRole:
-    return WorkerRole(str(role.value if hasattr(role, "value") else role))
+        now = asyncio.get_running_loop().time()
+        return turn_output(out, self.worker_id, self.engine.role, submitted, now)

@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, WorkerRole
+from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
 from pearl.engine.block_manager import BlockManager
 from pearl.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from pearl.engine.sequence import Request, RequestOutput, Role, SamplingParams
+from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.errors import EngineStateError
+from pearl.turns import engine_request, turn_output
 
 
 class IterationCost(Protocol):
@@ -200,17 +201,7 @@ class SimulatedWorker:
 
     async def _run_turn(self, turn: TurnRequest, pin: bool) -> TurnOutput:
         submitted = self._now()
-        sampling = SamplingParams(
-            temperature=turn.temperature,
-            top_p=turn.top_p,
-            top_k=turn.top_k,
-            seed=turn.seed,
-            max_new_tokens=turn.max_new_tokens,
-            ignore_eos=True,
-        )
-        request = Request(
-            turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session=pin
-        )
+        request = engine_request(turn, pin_session=pin)
         fut: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
 
         def apply() -> None:
@@ -223,25 +214,7 @@ class SimulatedWorker:
         return self._turn_output(await fut, submitted)
 
     def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
-        t = out.telemetry
-        return TurnOutput(
-            request_id=out.request_id,
-            session_id=out.session_id or "",
-            token_ids=out.token_ids,
-            logprobs=out.logprobs,
-            finish_reason=out.finish_reason.value,
-            weight_version=out.weight_version,
-            telemetry=TurnTelemetry(
-                submitted_at=submitted,
-                first_token_at=t.first_token_at,
-                finished_at=t.finished_at if t.finished_at is not None else self._now(),
-                prefill_tokens_computed=t.prefill_tokens_computed,
-                prefill_tokens_cached=t.prefill_tokens_cached,
-                preemptions=t.preemptions,
-                prefill_worker=self.worker_id if self._role is not WorkerRole.DECODE else None,
-                decode_worker=self.worker_id if self._role is not WorkerRole.PREFILL else None,
-            ),
-        )
+        return turn_output(out, self.worker_id, _engine_role(self._role), submitted, self._now())
 
     async def _command(self, apply: Callable[[], object]):
         """Run ``apply`` on the engine between iterations; return its result."""
