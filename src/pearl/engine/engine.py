@@ -7,7 +7,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +60,6 @@ class EngineStats:
     weight_version: int = 0
     role: str = ""
     asleep: bool = False
-    batch_sizes: list[int] = field(default_factory=list)
 
 
 def config_model_id(cfg: ModelConfig) -> str:

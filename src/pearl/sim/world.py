@@ -207,11 +207,9 @@ def simulate_fixed_rollout(
 
     async def main() -> BatchResult:
         router = await cluster.deploy(deployment)
-        result = await run_rollout_batch(
+        return await run_rollout_batch(
             batch, router, AsyncioClock(), AgentLoopConfig(vocab_size, token_seed)
         )
-        cluster.close()
-        return result
 
     gc_was_enabled = gc.isenabled()
     # The simulator keeps ~10^5 long-lived small objects (token tuples of cached blocks);
