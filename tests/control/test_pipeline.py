@@ -20,6 +20,9 @@ class Events:
         self.clock = clock
         self.log = []
 
+    async def on_rollout_finished(self, step, result):
+        self.log.append(("rollout", step, self.clock.now()))
+
     async def on_training_begin(self, step):
         self.log.append(("begin", step, self.clock.now()))
 
@@ -75,7 +78,13 @@ def test_every_batch_completes_once_within_the_staleness_bound(staleness):
         if i:
             assert rec.train_started >= records[i - 1].sync_finished
     # Training Begin precedes Training Finished for every step, in order.
-    assert [(e[0], e[1]) for e in log] == [(k, i) for i in range(4) for k in ("begin", "finished")]
+    hooks = [(e[0], e[1]) for e in log if e[0] != "rollout"]
+    assert hooks == [(k, i) for i in range(4) for k in ("begin", "finished")]
+    # Each step's rollout-finished hook comes before its training begins.
+    for i in range(4):
+        assert log.index(("rollout", i, records[i].rollout_finished)) < [
+            (e[0], e[1]) for e in log
+        ].index(("begin", i))
 
 
 def test_staleness_lets_rollout_overlap_training():

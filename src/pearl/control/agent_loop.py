@@ -26,6 +26,12 @@ class TrajectoryResult:
     finished_at: float = 0.0
     turns: list[TurnOutput] = field(default_factory=list)
     context_tokens: int = 0
+    # What the loop itself observed per turn (for the runtime tracker): tokens appended to
+    # the context before the turn (observation), tokens of the previous response kept in it,
+    # and environment seconds after the turn (the last one includes reward evaluation).
+    appended_tokens: list[int] = field(default_factory=list)
+    kept_tokens: list[int] = field(default_factory=list)
+    env_s: list[float] = field(default_factory=list)
 
     @property
     def generated_tokens(self) -> int:
@@ -63,10 +69,12 @@ async def run_trajectory(
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
     context: list[int] = []
+    kept_before = 0
     for k, turn in enumerate(trajectory.turns):
-        context = context + observation_token_ids(
-            trajectory, k, config.vocab_size, config.token_seed
-        )
+        observation = observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
+        context = context + observation
+        result.appended_tokens.append(len(observation))
+        result.kept_tokens.append(kept_before)
         request = TurnRequest(
             request_id=f"{sid}/t{k}",
             session_id=sid,
@@ -82,9 +90,15 @@ async def run_trajectory(
             on_turn(result, out)
         kept = turn.response_tokens_kept
         context = context + (out.token_ids[len(out.token_ids) - kept :] if kept else [])
+        kept_before = kept
+        env_start = clock.now()
         await clock.sleep(turn.env_latency_s)
+        result.env_s.append(clock.now() - env_start)
     result.context_tokens = len(context)
+    env_start = clock.now()
     await router.end_session(sid)
     await clock.sleep(trajectory.reward_latency_s)
     result.finished_at = clock.now()
+    if result.env_s:
+        result.env_s[-1] += result.finished_at - env_start
     return result

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
 from pearl.control.interfaces import Clock, RolloutWorker, TrainBatch, Trainer
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
@@ -28,14 +28,21 @@ from pearl.workloads.agentic import RolloutBatch
 class PipelineConfig:
     num_steps: int
     max_staleness: int = 1
+    deadline_s: float | None = None
+    """No rollout batch starts this many seconds or more after the run started (the steps
+    already rolled out still train); None: run all ``num_steps``."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.max_staleness < 0:
             raise ValueError(f"num_steps must be >= 1 and max_staleness >= 0, got {self}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 seconds or None, got {self.deadline_s!r}")
 
 
 class PipelineListener(Protocol):
     """Hooks for the Elastic Scheduler."""
+
+    async def on_rollout_finished(self, step: int, result: BatchResult) -> None: ...
 
     async def on_training_begin(self, step: int) -> None: ...
 
@@ -98,36 +105,56 @@ class PipelineScheduler:
         self.loop_config = loop_config
         self.config = config
         self.listener = listener
-        self.records = [StepRecord(i) for i in range(config.num_steps)]
+        self.records: list[StepRecord] = []
         self._version_changed = asyncio.Condition()
+        self.started_at = 0.0
+        # The rollout batch in flight: its size and how many trajectories are unfinished.
+        self.batch_size = 0
+        self.unfinished = 0
+        self.on_trajectory: Callable[[TrajectoryResult], None] | None = None
 
     async def run(self) -> list[StepRecord]:
-        ready: asyncio.Queue[int] = asyncio.Queue()
+        """Run until ``num_steps`` steps (or the deadline); return the steps that trained."""
+        ready: asyncio.Queue[int | None] = asyncio.Queue()
+        self.started_at = self.clock.now()
         await asyncio.gather(self._rollout_loop(ready), self._train_loop(ready))
         return self.records
 
-    async def _rollout_loop(self, ready: asyncio.Queue[int]) -> None:
+    def _trajectory_done(self, result: TrajectoryResult) -> None:
+        self.unfinished -= 1
+        if self.on_trajectory is not None:
+            self.on_trajectory(result)
+
+    async def _rollout_loop(self, ready: asyncio.Queue[int | None]) -> None:
+        deadline = self.config.deadline_s
         for i in range(self.config.num_steps):
             needed = i - self.config.max_staleness
             async with self._version_changed:
                 await self._version_changed.wait_for(
                     lambda needed=needed: self.trainer.weight_version >= needed
                 )
-            rec = self.records[i]
+            if deadline is not None and self.clock.now() - self.started_at >= deadline:
+                break
+            rec = StepRecord(i)
+            self.records.append(rec)
             rec.rollout_started = self.clock.now()
+            batch = self.batches(i)
+            self.batch_size = self.unfinished = batch.num_trajectories
             result = await run_rollout_batch(
-                self.batches(i), self.router, self.clock, self.loop_config
+                batch, self.router, self.clock, self.loop_config, self._trajectory_done
             )
             rec.rollout_finished = self.clock.now()
             rec.result = result
             rec.rollout_tokens = result.generated_tokens
             versions = [v for t in result.trajectories for v in t.weight_versions]
             rec.weight_versions = (min(versions), max(versions)) if versions else (0, 0)
+            if self.listener is not None:
+                await self.listener.on_rollout_finished(i, result)
             ready.put_nowait(i)
+        ready.put_nowait(None)
 
-    async def _train_loop(self, ready: asyncio.Queue[int]) -> None:
-        for _ in range(self.config.num_steps):
-            i = await ready.get()
+    async def _train_loop(self, ready: asyncio.Queue[int | None]) -> None:
+        while (i := await ready.get()) is not None:
             rec = self.records[i]
             result = rec.result
             tokens = sum(t.context_tokens for t in result.trajectories)

@@ -61,23 +61,43 @@ class InterScaleRebuilder:
             decode=pick(WorkerRole.DECODE),
         )
 
-    async def shrink(self, leaving: list[SlotId]) -> list[TurnOutput]:
-        """Take ``leaving`` out now; return the partial outputs of their aborted turns."""
+    def route_or_hold(self) -> None:
+        """``apply_topology``, or route to no one while a reconfiguration leaves the active
+        set without a valid topology (e.g. prefill workers but no decode worker yet): turns
+        wait in the router until the reconfiguration completes."""
+        try:
+            self.apply_topology()
+        except ValueError:
+            self.router.set_topology()
+
+    async def shrink(
+        self, leaving: list[SlotId], roles: Mapping[SlotId, WorkerRole] | None = None
+    ) -> list[TurnOutput]:
+        """Take ``leaving`` out now and, in the same reconfiguration, switch the survivors in
+        ``roles`` to their new roles; return the partial outputs of the cut-short turns."""
         leaving = [s for s in leaving if s in self.workers]
         if not leaving:
-            return []
+            return await self.reassign(roles or {})
         self.table.set_statuses({s: WorkerStatus.INACTIVE for s in leaving})
-        self.apply_topology()  # first stop routing, so resumed turns land elsewhere
+        self.route_or_hold()  # first stop routing, so resumed turns land elsewhere
         handles = [self.workers.pop(s) for s in leaving]
-        partials = await asyncio.gather(*(w.abort_all() for w in handles))
+        aborted = asyncio.gather(*(w.abort_all() for w in handles))
+        switched, partials = await asyncio.gather(self.reassign(roles or {}), aborted)
         await asyncio.gather(
             *(self.factory.stop(s, w) for s, w in zip(leaving, handles, strict=True))
         )
-        return [p for group in partials for p in group]
+        self.route_or_hold()
+        return switched + [p for group in partials for p in group]
 
-    async def expand(self, joining: Mapping[SlotId, WorkerRole]) -> bool:
+    async def expand(
+        self,
+        joining: Mapping[SlotId, WorkerRole],
+        roles_at_admission: Callable[[list[SlotId]], Mapping[SlotId, WorkerRole]] | None = None,
+    ) -> bool:
         """Start ``joining`` workers in the background and admit them together; False (and
-        nothing admitted) if any fails to start."""
+        nothing admitted) if any fails to start. ``roles_at_admission``, given the active set
+        after admission, returns the roles to take then (joiners and survivors alike), so a
+        mode or ratio change lands together with the admission."""
         if not joining:
             return True
         snap = self.table.snapshot()
@@ -122,9 +142,20 @@ class InterScaleRebuilder:
             self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
             raise
         # Atomic admission: every joiner becomes active in one table update.
+        final = dict(roles_at_admission(sorted(set(self.workers) | set(handles)))) if (
+            roles_at_admission
+        ) else {}
+        snap = self.table.snapshot()
+        for slot_id, worker in handles.items():
+            role = final.pop(slot_id, None)
+            if role is not None and role is not snap.slot(slot_id).role:
+                self.table.set_role(slot_id, role)
+                await worker.set_role(role)  # idle until admitted: nothing to hand back
         self.workers.update(handles)
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
-        self.apply_topology()
+        if final:
+            await self.reassign(final)  # routes to the new topology once roles have switched
+        self.route_or_hold()
         return True
 
     async def reassign(self, roles: Mapping[SlotId, WorkerRole]) -> list[TurnOutput]:
@@ -132,7 +163,9 @@ class InterScaleRebuilder:
         router, hand back in-flight turns (which resume on the new topology), switch role
         and return together; returns the handed-back partial outputs."""
         snap = self.table.snapshot()
-        changes = {s: r for s, r in roles.items() if snap.slot(s).role is not r}
+        changes = {
+            s: r for s, r in roles.items() if s in self.workers and snap.slot(s).role is not r
+        }
         if not changes:
             return []
         self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in changes})
@@ -140,11 +173,8 @@ class InterScaleRebuilder:
             self.table.set_role(slot_id, role)
         # Route to the workers that keep their role while the others switch; if that leaves
         # the topology invalid (e.g. no decode worker yet), route to none until the switch ends.
-        try:
-            self.apply_topology()
-        except ValueError:
-            self.router.set_topology()
+        self.route_or_hold()
         partials = await asyncio.gather(*(self.workers[s].set_role(r) for s, r in changes.items()))
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in changes})
-        self.apply_topology()
+        self.route_or_hold()
         return [p for group in partials for p in group]

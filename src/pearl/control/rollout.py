@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult, run_trajectory
@@ -40,11 +41,21 @@ class BatchResult:
 
 
 async def run_rollout_batch(
-    batch: RolloutBatch, router: Router, clock: Clock, config: AgentLoopConfig
+    batch: RolloutBatch,
+    router: Router,
+    clock: Clock,
+    config: AgentLoopConfig,
+    on_trajectory: Callable[[TrajectoryResult], None] | None = None,
 ) -> BatchResult:
-    """Start all of the batch's trajectories at once; return when the last one finishes."""
+    """Start all of the batch's trajectories at once; return when the last one finishes.
+    ``on_trajectory`` is called as each trajectory finishes."""
     start = clock.now()
-    results = await asyncio.gather(
-        *(run_trajectory(t, router, clock, config) for t in batch.trajectories)
-    )
+
+    async def one(trajectory) -> TrajectoryResult:
+        result = await run_trajectory(trajectory, router, clock, config)
+        if on_trajectory is not None:
+            on_trajectory(result)
+        return result
+
+    results = await asyncio.gather(*(one(t) for t in batch.trajectories))
     return BatchResult(list(results), start, clock.now())

@@ -43,8 +43,13 @@ class IntraScaleToggleManager:
         self.skipped_by_gate = 0
         self.toggle_seconds: list[float] = []
 
-    async def borrow(self, roles: Mapping[SlotId, WorkerRole] | None = None) -> bool:
-        """After Training Finished: activate the overlap workers if the gate allows."""
+    async def borrow(
+        self,
+        roles_at_admission: Callable[[list[SlotId]], Mapping[SlotId, WorkerRole]] | None = None,
+    ) -> bool:
+        """After Training Finished: activate the overlap workers if the gate allows.
+        ``roles_at_admission``, given the active set with the overlap workers, returns the
+        roles to serve in (overlap and dedicated workers alike); default: all colocated."""
         if self.borrowed:
             return True
         if self.gate is not None and not self.gate():
@@ -52,39 +57,55 @@ class IntraScaleToggleManager:
             return False
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        roles = roles or {s: WorkerRole.COLOCATED for s in self.overlap}
         await self.trainer.release_device()
         self.table.set_statuses({s: WorkerStatus.INACTIVE for s in self.training_slots})
-        for slot_id, role in roles.items():
+        joining = sorted(self.overlap)
+        final = dict(
+            roles_at_admission(sorted(set(self.rebuilder.workers) | set(joining)))
+            if roles_at_admission
+            else {s: WorkerRole.COLOCATED for s in joining}
+        )
+        for slot_id in joining:
+            role = final.pop(slot_id, WorkerRole.COLOCATED)
             if self.table.snapshot().slot(slot_id).role is not role:
                 self.table.set_role(slot_id, role)
-        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in roles})
+            if self.overlap[slot_id].role is not role:
+                await self.overlap[slot_id].set_role(role)  # idle: nothing to hand back
+        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in joining})
         version = self.trainer.weight_version
         # Restoring device state: weights come from the trainer's latest snapshot.
         await asyncio.gather(
-            *(self.overlap[s].sync_weights(version, self.activate_s) for s in roles)
+            *(self.overlap[s].sync_weights(version, self.activate_s) for s in joining)
         )
-        self.rebuilder.workers.update({s: self.overlap[s] for s in roles})
-        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in roles})
-        self.rebuilder.apply_topology()
+        self.rebuilder.workers.update({s: self.overlap[s] for s in joining})
+        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
+        if final:
+            await self.rebuilder.reassign(final)
+        self.rebuilder.route_or_hold()
         self.borrowed = True
         self.rounds += 1
         self.toggle_seconds.append(loop.time() - t0)
         return True
 
-    async def give_back(self) -> list[TurnOutput]:
+    async def give_back(self, roles: Mapping[SlotId, WorkerRole] | None = None) -> list[TurnOutput]:
         """Before Training Begin: stop routing to the overlap workers, abort their turns
-        (they resume on dedicated workers), release device state, restore the trainer."""
+        (they resume on dedicated workers), release device state, restore the trainer.
+        ``roles`` switches dedicated workers in the same reconfiguration (e.g. the split
+        chosen for the dedicated workers alone)."""
         if not self.borrowed:
             return []
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         slots = [s for s in self.overlap if s in self.rebuilder.workers]
         self.table.set_statuses({s: WorkerStatus.INACTIVE for s in slots})
-        self.rebuilder.apply_topology()
+        self.rebuilder.route_or_hold()
         for s in slots:
             del self.rebuilder.workers[s]
-        partials = await asyncio.gather(*(self.overlap[s].abort_all() for s in slots))
+        switched, *partials = await asyncio.gather(
+            self.rebuilder.reassign(roles or {}), *(self.overlap[s].abort_all() for s in slots)
+        )
+        self.rebuilder.route_or_hold()
+        partials.append(switched)
         await asyncio.sleep(self.deactivate_s)
         self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in self.training_slots})
         await self.trainer.restore_device()
@@ -95,6 +116,9 @@ class IntraScaleToggleManager:
         return [p for group in partials for p in group]
 
     # Pipeline hooks: the Elastic Scheduler forwards Training Begin/Finished here.
+    async def on_rollout_finished(self, step: int, result: object) -> None:
+        pass
+
     async def on_training_begin(self, step: int) -> None:
         await self.give_back()
 

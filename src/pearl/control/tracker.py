@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pearl.control.agent_loop import TrajectoryResult
 from pearl.control.decision import WorkloadParams
 
 
@@ -85,6 +86,26 @@ class RuntimeTracker:
     def observe_trajectory(self, obs: TrajectoryObservation) -> None:
         if obs.turns:
             self._trajectories.append(obs)
+
+    def observe_result(self, result: TrajectoryResult) -> None:
+        """A finished trajectory as the agent loop saw it (tokens it appended and kept,
+        environment seconds it waited, when each turn's decoding ran)."""
+        turns = []
+        for k, out in enumerate(result.turns):
+            t = out.telemetry
+            first = t.first_token_at if t.first_token_at is not None else t.finished_at
+            turns.append(
+                TurnObservation(
+                    appended_tokens=result.appended_tokens[k],
+                    generated_tokens=len(out.token_ids),
+                    kept_tokens=result.kept_tokens[k],
+                    env_time_s=result.env_s[k],
+                    decode_s=max(0.0, t.finished_at - first),
+                )
+            )
+        self.observe_trajectory(
+            TrajectoryObservation(tuple(turns), result.finished_at - result.started_at)
+        )
 
     def observe_toggle(self, seconds: float) -> None:
         """Activation plus return cost of one borrowing round (T_toggle)."""

@@ -83,7 +83,7 @@ class SimulatedWorker:
         role: WorkerRole = WorkerRole.COLOCATED,
         vocab_size: int = 151_936,
         weight_version: int = 0,
-        on_iteration: Callable[[str, float, float, SchedulerOutput], None] | None = None,
+        on_iteration: Callable[[str, float, float, SchedulerOutput, int], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.cost = cost
@@ -303,7 +303,7 @@ class SimulatedWorker:
         c.prefill_tokens += sum(ch.num_tokens for ch in out.prefills)
         c.decode_tokens += len(out.decodes) * iterations
         if self._on_iteration is not None:
-            self._on_iteration(self.worker_id, start, dt, out)
+            self._on_iteration(self.worker_id, start, dt, out, iterations)
 
     def _finish(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
