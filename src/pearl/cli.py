@@ -55,14 +55,25 @@ def simulate(
         None, "--config", "-c", help="YAML config file (default: built-in)"
     ),
 ) -> None:
-    """One rollout batch on fixed deployments of a simulated cluster; extra args are key=value overrides."""
-    from pearl.config import SimulateConfig, load_config
+    """Simulate a cluster; extra args are key=value overrides.
+
+    ``kind: rollout`` (default): one rollout batch on fixed deployments.
+    ``kind: rl`` (e.g. configs/headline.yaml): whole RL runs of every policy on every
+    availability segment, with a throughput table.
+    """
+    from pearl.config import load_simulate_config
     from pearl.errors import PearlError
-    from pearl.sim.simulate import run_simulate
 
     try:
-        cfg = load_config(SimulateConfig, config, list(ctx.args))
-        outcome = run_simulate(cfg)
+        cfg = load_simulate_config(config, list(ctx.args))
+        if cfg.kind == "rl":
+            from pearl.sim.experiment import run_experiment
+
+            outcome = run_experiment(cfg)
+        else:
+            from pearl.sim.simulate import run_simulate
+
+            outcome = run_simulate(cfg)
     except (PearlError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -83,6 +83,7 @@ class LoggerSection(_Section):
 class SimulateConfig(_Section):
     """``pearl simulate``: one rollout batch on fixed deployments of a simulated cluster."""
 
+    kind: Literal["rollout"] = "rollout"
     model: ModelSection = Field(default_factory=ModelSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
@@ -159,3 +160,103 @@ def _section_of(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
 
 def dump_config(cfg: BaseModel) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# --- ``kind: rl``: whole RL runs under rollout policies (the headline experiment) ----------
+
+
+class RLClusterSection(_Section):
+    gpu: str = Field("H800", description="GPU catalog name")
+    tp: int = Field(2, ge=1, le=64, description="tensor-parallel degree of every rollout worker")
+    reserved_gpus: int = Field(4, ge=1, description="dedicated rollout GPUs that never leave")
+    max_preemptible_gpus: int = Field(12, ge=0, description="preemptible rollout GPUs at most")
+    training_gpus: int = Field(16, ge=1, description="training GPUs (the overlap zone)")
+    profile: str | None = Field(None, description="cost-model profile file overriding constants")
+
+
+class RLSection(_Section):
+    duration_s: float = Field(7200.0, gt=0, description="no rollout batch starts after this")
+    max_staleness: int = Field(1, ge=0, description="steps a rollout's weights may lag")
+
+
+class ElasticSection(_Section):
+    segments: list[str] = Field(
+        default_factory=lambda: ["segment1", "segment2", "segment3"],
+        description="availability traces: segment1..3 (shipped) or CSV files of preemptible GPUs",
+    )
+
+    @field_validator("segments")
+    @classmethod
+    def _check_segments(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one availability segment is needed")
+        return value
+
+
+class PDSection(_Section):
+    mode_switch_threshold: float = Field(0.05, ge=0, lt=1)
+    ratio_change_threshold: float = Field(0.02, ge=0, lt=1)
+    static_split: list[int] = Field(
+        default_factory=lambda: [1, 1], description="static-pd policy: P:D ratio"
+    )
+
+    @field_validator("static_split")
+    @classmethod
+    def _check_split(cls, value: list[int]) -> list[int]:
+        if len(value) != 2 or min(value) < 1:
+            raise ValueError(f"static_split must be two ints >= 1 (P, D), got {value}")
+        return value
+
+
+class RLExperimentConfig(_Section):
+    """``pearl simulate`` with ``kind: rl``: every policy on every availability segment."""
+
+    kind: Literal["rl"] = "rl"
+    model: ModelSection = Field(default_factory=lambda: ModelSection(name="Qwen3-8B"))
+    cluster: RLClusterSection = Field(default_factory=RLClusterSection)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    rl: RLSection = Field(default_factory=RLSection)
+    elastic: ElasticSection = Field(default_factory=ElasticSection)
+    pd: PDSection = Field(default_factory=PDSection)
+    policies: list[str] = Field(
+        default_factory=lambda: [
+            "roll",
+            "roll-large",
+            "rlboost",
+            "static-pd",
+            "pearl-pd",
+            "pearl-ungated",
+            "pearl",
+        ]
+    )
+    sim: SimSection = Field(default_factory=SimSection)
+    logger: LoggerSection = Field(default_factory=LoggerSection)
+    processes: int = Field(2, ge=1, le=64, description="runs in parallel (one per process)")
+
+    @field_validator("policies")
+    @classmethod
+    def _check_policies(cls, value: list[str]) -> list[str]:
+        from pearl.control.policies import POLICIES
+
+        unknown = [p for p in value if p not in POLICIES]
+        if unknown or not value:
+            raise ValueError(f"unknown policies {unknown}; valid: {', '.join(POLICIES)}")
+        return value
+
+
+def load_simulate_config(path: str | Path | None, overrides: list[str] | None = None):
+    """``SimulateConfig`` or ``RLExperimentConfig``, chosen by the top-level ``kind`` key
+    (``rollout``, the default, or ``rl``), after overrides (so ``kind=rl`` works too)."""
+    kind = "rollout"
+    raw: Any = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except (FileNotFoundError, yaml.YAMLError):
+            raw = {}  # load_config reports these with context
+    raw = apply_overrides(raw if isinstance(raw, dict) else {}, overrides or [])
+    kind = raw.get("kind", kind)
+    models = {"rollout": SimulateConfig, "rl": RLExperimentConfig}
+    if kind not in models:
+        raise ConfigError(f"kind: {kind!r} is not one of {', '.join(models)}")
+    return load_config(models[kind], path, overrides)

@@ -1,24 +1,31 @@
-"""The Elastic Scheduler: turns availability events into minimal topology changes.
+"""The Elastic Scheduler: turns availability and training events into minimal topology changes.
 
-Every event goes through the same stages: (1) update the rollout GPU budget, (2)
-decide the mode and role counts, (3) plan the change, (4) let the executor carry it
-out. Shrinks run at once; expansions run in the background and are cancelled as a
-whole if a later shrink takes GPUs they were preparing. Intra-scale borrowing is
-driven by the pipeline's Training Begin / Finished events (``IntraScaleToggleManager``).
-
-This version decides colocated topologies only (RLBoost+-style inter-scale
-elasticity); the adaptive PD policy plugs in through ``decide``.
+Every event goes through the same stages: (1) the set of rollout workers that may serve
+(the availability budget; the overlap zone while borrowed), (2) the decision: mode and
+role counts for that many workers, (3) a minimal-change plan from the current roles,
+(4) an executor carries it out. Shrinks run at once, together with any role switches
+the survivors need; expansions run in the background and are cancelled as a whole if a
+later shrink takes GPUs they were preparing, their roles settled at admission; the
+overlap zone is borrowed after Training Finished (if the policy and gate allow) and
+returned before Training Begin. After every rollout batch the runtime tracker refits
+the decision model and the roles are re-decided (hysteresis keeps small gains out).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
+from pearl.control.decision import DecisionConfig, borrow_gate, decide
 from pearl.control.interfaces import Clock, WorkerRole
+from pearl.control.planner import plan_transition
+from pearl.control.policies import Borrowing, PDMode, Policy, Pool
 from pearl.control.rebuilder import InterScaleRebuilder
-from pearl.control.state import SlotId
+from pearl.control.rollout import BatchResult
+from pearl.control.state import SlotId, Topology
+from pearl.control.toggle import IntraScaleToggleManager
+from pearl.control.tracker import RuntimeTracker
 
 
 @dataclass(slots=True)
@@ -31,8 +38,58 @@ class ElasticEvent:
     joining: tuple[SlotId, ...]
 
 
+@dataclass(slots=True)
+class RoleDecider:
+    """Stage 2-3: the roles a set of workers should take under a policy."""
+
+    policy: Policy
+    tracker: RuntimeTracker | None = None
+    config: DecisionConfig = field(default_factory=DecisionConfig)
+    log: Callable[[dict], None] = lambda event: None
+
+    def roles(
+        self, workers: list[SlotId], current: Mapping[SlotId, WorkerRole]
+    ) -> dict[SlotId, WorkerRole]:
+        """Roles for ``workers`` (the next active set), changing as few as possible of
+        ``current`` (the active set's roles now)."""
+        n = len(workers)
+        if n == 0:
+            return {}
+        counts = self.counts(n, current)
+        survivors = {s: r for s, r in current.items() if s in set(workers)}
+        plan = plan_transition(survivors, workers, counts.role_counts())
+        return plan.apply(survivors)
+
+    def counts(self, n: int, current: Mapping[SlotId, WorkerRole]) -> Topology:
+        pd = self.policy.pd
+        if n < 2 or pd is PDMode.COLOCATED:
+            return Topology.colocation(n)
+        if pd is PDMode.STATIC:
+            return Topology.split(*self.policy.static_counts(n))
+        if self.tracker is None or self.tracker.steps == 0:
+            return Topology.colocation(n)  # nothing measured yet: the safe mode
+        now = Topology.from_counts(_count(current.values()))
+        decision = decide(self.tracker.params, n, now if now.is_valid else None, self.config)
+        self.log({"kind": "decision", "workers": n, "current": now.label, **decision.to_dict()})
+        return decision.target
+
+    def best_makespan(self, n: int) -> float | None:
+        """The model's best predicted makespan with ``n`` workers (None before any refit)."""
+        if self.tracker is None or self.tracker.steps == 0 or n < 1:
+            return None
+        return decide(self.tracker.params, n, None, self.config).best.makespan_s
+
+
+def _count(roles) -> dict[WorkerRole, int]:
+    out: dict[WorkerRole, int] = {}
+    for r in roles:
+        out[r] = out.get(r, 0) + 1
+    return out
+
+
 class ElasticScheduler:
-    """Reserved slots always serve; preemptible slots follow the availability budget."""
+    """Reserved slots always serve; preemptible slots follow the availability budget; the
+    overlap zone is borrowed between updates; roles follow the policy's PD mode."""
 
     def __init__(
         self,
@@ -41,26 +98,69 @@ class ElasticScheduler:
         preemptible: list[SlotId],
         gpus_per_worker: int,
         clock: Clock,
-        decide: Callable[[int], dict[SlotId, WorkerRole]] | None = None,
+        decider: RoleDecider | None = None,
+        toggle: IntraScaleToggleManager | None = None,
+        tracker: RuntimeTracker | None = None,
+        progress: Callable[[], tuple[int, int]] | None = None,
+        log: Callable[[dict], None] | None = None,
     ) -> None:
         self.rebuilder = rebuilder
+        self.table = rebuilder.table
         self.reserved = list(reserved)
         self.preemptible = list(preemptible)
         self.gpus_per_worker = gpus_per_worker
         self.clock = clock
-        self.decide = decide or (lambda n: {})
+        self.decider = decider or RoleDecider(
+            Policy("colocated", Pool.ELASTIC, PDMode.COLOCATED, Borrowing.OFF)
+        )
+        self.toggle = toggle
+        self.tracker = tracker
+        # (R, B): unfinished and total trajectories of the rollout batch borrowing would serve.
+        self.progress = progress or (lambda: (1, 1))
+        self._log = log or (lambda event: None)
         self.events: list[ElasticEvent] = []
+        self.budget_gpus = 0
         self._expansion: asyncio.Task[bool] | None = None
         self._expanding: set[SlotId] = set()
+        self._lock = asyncio.Lock()  # one reconfiguration at a time (the table serializes too)
 
-    async def start(self) -> None:
+    # -- helpers -------------------------------------------------------------------
+    def log(self, event: dict) -> None:
+        self._log({"t": round(self.clock.now(), 6), **event})
+
+    def active_roles(self) -> dict[SlotId, WorkerRole]:
+        snap = self.table.snapshot()
+        return {s: snap.slot(s).role for s in self.rebuilder.workers}
+
+    def _roles_for(self, workers) -> dict[SlotId, WorkerRole]:
+        return self.decider.roles(sorted(workers), self.active_roles())
+
+    async def _reassign(self, roles: Mapping[SlotId, WorkerRole], why: str) -> None:
+        current = self.active_roles()
+        changes = {s: r for s, r in roles.items() if s in current and current[s] is not r}
+        if changes:
+            self.log({"kind": "reassign", "why": why, "roles": _labels(changes)})
+            await self.rebuilder.reassign(changes)
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self, preemptible_gpus: int = 0) -> None:
         """Bring up the reserved workers (blocking: nothing can run without them)."""
-        await self.rebuilder.expand({s: WorkerRole.COLOCATED for s in self.reserved})
+        roles = self.decider.roles(sorted(self.reserved), {})
+        self.log({"kind": "start", "roles": _labels(roles)})
+        await self.rebuilder.expand(roles)
+        if preemptible_gpus:
+            await self.on_availability(preemptible_gpus)
 
     async def on_availability(self, preemptible_gpus: int) -> None:
-        """Stage 1-4 for a change in the number of preemptible GPUs."""
+        """Stages 1-4 for a change in the number of preemptible GPUs."""
+        async with self._lock:
+            await self._on_availability(preemptible_gpus)
+
+    async def _on_availability(self, preemptible_gpus: int) -> None:
         budget = min(len(self.preemptible), max(0, preemptible_gpus) // self.gpus_per_worker)
+        self.budget_gpus = budget * self.gpus_per_worker
         target = set(self.reserved) | set(self.preemptible[:budget])
+        dedicated = set(self.reserved) | set(self.preemptible)
         active = set(self.rebuilder.workers)
         if self._expansion is not None and not self._expansion.done() and self._expanding - target:
             self._expansion.cancel()  # GPUs being prepared were reclaimed: cancel the whole group
@@ -68,7 +168,8 @@ class ElasticScheduler:
                 await self._expansion
             except asyncio.CancelledError:
                 pass
-        leaving = sorted(active - target)
+            self.log({"kind": "expansion_cancelled", "workers": sorted(self._expanding)})
+        leaving = sorted((active & dedicated) - target)
         in_flight = (
             self._expanding if self._expansion is not None and not self._expansion.done() else set()
         )
@@ -77,19 +178,42 @@ class ElasticScheduler:
             ElasticEvent(
                 self.clock.now(),
                 preemptible_gpus,
-                len(active),
+                len(active & dedicated),
                 len(target),
                 tuple(leaving),
                 tuple(joining),
             )
         )
+        self.log(
+            {
+                "kind": "availability",
+                "preemptible_gpus": preemptible_gpus,
+                "leaving": leaving,
+                "joining": joining,
+            }
+        )
         if leaving:
-            await self.rebuilder.shrink(leaving)
+            survivors = active - set(leaving)
+            roles = self._roles_for(survivors)
+            self.log({"kind": "shrink", "leaving": leaving, "roles": _labels(roles)})
+            await self.rebuilder.shrink(leaving, roles)
         if joining:
-            roles = {s: WorkerRole.COLOCATED for s in joining}
-            roles.update({s: r for s, r in self.decide(len(target)).items() if s in roles})
+            guess = self._roles_for(set(self.rebuilder.workers) | set(joining))
+            roles = {s: guess[s] for s in joining}
             self._expanding = set(joining)
-            self._expansion = asyncio.ensure_future(self.rebuilder.expand(roles))
+            self.log({"kind": "expand", "joining": joining, "roles": _labels(roles)})
+            self._expansion = asyncio.ensure_future(self._expand(roles))
+
+    async def _expand(self, roles: Mapping[SlotId, WorkerRole]) -> bool:
+        def at_admission(workers: list[SlotId]) -> dict[SlotId, WorkerRole]:
+            final = self._roles_for(workers)
+            self.log({"kind": "admit", "joining": sorted(roles), "roles": _labels(final)})
+            return final
+
+        ok = await self.rebuilder.expand(roles, at_admission, admission_lock=self._lock)
+        if not ok:
+            self.log({"kind": "expansion_failed", "workers": sorted(roles)})
+        return ok
 
     async def replay(self, changes: list[tuple[float, int]], until: float | None = None) -> None:
         """Feed ``(time, preemptible GPUs)`` changes at their times (relative to now)."""
@@ -107,3 +231,74 @@ class ElasticScheduler:
                 await self._expansion
             except asyncio.CancelledError:
                 pass
+
+    # -- pipeline hooks ----------------------------------------------------------------
+    async def on_rollout_finished(self, step: int, result: BatchResult) -> None:
+        """Refit the model from the finished batch and re-decide the roles."""
+        if self.tracker is not None:
+            params = self.tracker.end_step(len(result.trajectories), result.makespan_s)
+            self.log({"kind": "refit", "step": step, "params": _params(params)})
+        if self.decider.policy.pd is PDMode.ADAPTIVE:
+            async with self._lock:
+                await self._reassign(self._roles_for(self.rebuilder.workers), "refit")
+
+    async def on_training_begin(self, step: int) -> None:
+        """Mandatory return of borrowed training GPUs (with the dedicated workers' roles)."""
+        if self.toggle is None or not self.toggle.borrowed:
+            return
+        async with self._lock:
+            dedicated = set(self.rebuilder.workers) - set(self.toggle.overlap)
+            roles = self._roles_for(dedicated)
+            self.log({"kind": "give_back", "step": step, "roles": _labels(roles)})
+            await self.toggle.give_back(roles)
+            if self.tracker is not None and self.toggle.toggle_seconds:
+                self.tracker.observe_toggle(self.toggle.toggle_seconds[-1])
+
+    async def on_training_finished(self, step: int, weight_version: int) -> None:
+        """Borrow the overlap zone for the rest of the rollout batch, if it pays."""
+        policy = self.decider.policy
+        if self.toggle is None or policy.borrowing is Borrowing.OFF:
+            return
+        if policy.borrowing is Borrowing.GATED and not self._gate(step):
+            self.toggle.skipped_by_gate += 1
+            return
+        async with self._lock:
+
+            def at_admission(workers: list[SlotId]) -> dict[SlotId, WorkerRole]:
+                return self._roles_for(workers)
+
+            self.log({"kind": "borrow", "step": step, "workers": sorted(self.toggle.overlap)})
+            await self.toggle.borrow(at_admission)
+
+    def _gate(self, step: int) -> bool:
+        """``(R/B) * (T_ded - T_full) > T_toggle`` from the refitted model."""
+        n_ded = len(set(self.rebuilder.workers) - set(self.toggle.overlap))
+        t_ded = self.decider.best_makespan(n_ded)
+        t_full = self.decider.best_makespan(n_ded + len(self.toggle.overlap))
+        if t_ded is None or t_full is None:
+            return False  # no measurements yet
+        R, B = self.progress()
+        lat = self.tracker.toggle_cost_s.value if self.tracker is not None else None
+        t_toggle = lat if lat is not None else self.toggle.activate_s + self.toggle.deactivate_s
+        ok = borrow_gate(R, B, t_ded, t_full, t_toggle)
+        self.log(
+            {
+                "kind": "gate",
+                "step": step,
+                "R": R,
+                "B": B,
+                "T_ded": t_ded,
+                "T_full": t_full,
+                "T_toggle": t_toggle,
+                "borrow": ok,
+            }
+        )
+        return ok
+
+
+def _labels(roles: Mapping[SlotId, WorkerRole]) -> dict[str, str]:
+    return {str(s): str(r) for s, r in sorted(roles.items())}
+
+
+def _params(p) -> dict[str, float]:
+    return {name: getattr(p, name) for name in p.__dataclass_fields__}

@@ -112,13 +112,27 @@ class PipelineScheduler:
         self.batch_size = 0
         self.unfinished = 0
         self.on_trajectory: Callable[[TrajectoryResult], None] | None = None
+        self._ready: asyncio.Queue[int | None] | None = None
 
     async def run(self) -> list[StepRecord]:
         """Run until ``num_steps`` steps (or the deadline); return the steps that trained."""
         ready: asyncio.Queue[int | None] = asyncio.Queue()
+        self._ready = ready
         self.started_at = self.clock.now()
         await asyncio.gather(self._rollout_loop(ready), self._train_loop(ready))
         return self.records
+
+    def borrow_window(self) -> tuple[int, int]:
+        """``(R, B)`` for the borrowing gate at Training Finished: the trajectories a borrowed
+        worker could still serve before the next Training Begin. 0 if a finished batch is
+        already waiting to train (the GPUs would be due back at once); the whole next
+        batch if none is in flight (it starts with the new weights)."""
+        batch = max(1, self.batch_size)
+        if self._ready is not None and self._ready.qsize() > 0:
+            return 0, batch
+        if self.unfinished > 0:
+            return self.unfinished, batch
+        return batch, batch
 
     def _trajectory_done(self, result: TrajectoryResult) -> None:
         self.unfinished -= 1

@@ -12,6 +12,7 @@ initialize, the whole expansion is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -93,11 +94,13 @@ class InterScaleRebuilder:
         self,
         joining: Mapping[SlotId, WorkerRole],
         roles_at_admission: Callable[[list[SlotId]], Mapping[SlotId, WorkerRole]] | None = None,
+        admission_lock: asyncio.Lock | None = None,
     ) -> bool:
         """Start ``joining`` workers in the background and admit them together; False (and
         nothing admitted) if any fails to start. ``roles_at_admission``, given the active set
         after admission, returns the roles to take then (joiners and survivors alike), so a
-        mode or ratio change lands together with the admission."""
+        mode or ratio change lands together with the admission; ``admission_lock`` is held
+        while admitting (the caller's lock on reconfigurations)."""
         if not joining:
             return True
         snap = self.table.snapshot()
@@ -132,19 +135,35 @@ class InterScaleRebuilder:
         # Lazy weight propagation: the newest snapshot, once the workers are up.
         version = self.weight_version()
         seconds = self.sync_seconds(len(handles))
+        lock = admission_lock or contextlib.nullcontext()
         try:
             await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
             await asyncio.sleep(self.finalize_s)
+            await lock.__aenter__()
         except asyncio.CancelledError:
             self.expansions_cancelled += 1
             for slot_id, worker in handles.items():
                 await self.factory.stop(slot_id, worker)
             self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
             raise
-        # Atomic admission: every joiner becomes active in one table update.
-        final = dict(roles_at_admission(sorted(set(self.workers) | set(handles)))) if (
-            roles_at_admission
-        ) else {}
+        # Atomic admission (no other reconfiguration meanwhile): every joiner becomes active
+        # in one table update; from here on the joiners are ordinary active workers.
+        try:
+            await asyncio.shield(self._admit(handles, roles_at_admission))
+        finally:
+            await lock.__aexit__(None, None, None)
+        return True
+
+    async def _admit(
+        self,
+        handles: Mapping[SlotId, RolloutWorker],
+        roles_at_admission: Callable[[list[SlotId]], Mapping[SlotId, WorkerRole]] | None,
+    ) -> None:
+        final = (
+            dict(roles_at_admission(sorted(set(self.workers) | set(handles))))
+            if roles_at_admission
+            else {}
+        )
         snap = self.table.snapshot()
         for slot_id, worker in handles.items():
             role = final.pop(slot_id, None)
@@ -152,11 +171,10 @@ class InterScaleRebuilder:
                 self.table.set_role(slot_id, role)
                 await worker.set_role(role)  # idle until admitted: nothing to hand back
         self.workers.update(handles)
-        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
+        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in handles})
         if final:
             await self.reassign(final)  # routes to the new topology once roles have switched
         self.route_or_hold()
-        return True
 
     async def reassign(self, roles: Mapping[SlotId, WorkerRole]) -> list[TurnOutput]:
         """Change the roles of active workers (a mode or P:D ratio switch). They leave the

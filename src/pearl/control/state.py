@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import numbers
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from pearl.control.interfaces import WorkerRole
@@ -311,6 +311,8 @@ class WorkerTable:
     def __init__(self) -> None:
         self._snapshot = TableSnapshot(version=0, slots=())
         self._next_id: SlotId = 0
+        # Called with every committed snapshot (e.g. to record a timeline of roles).
+        self.listeners: list[Callable[[TableSnapshot], None]] = []
 
     @property
     def version(self) -> int:
@@ -404,3 +406,5 @@ class WorkerTable:
                 f"{self._snapshot.version}: " + "; ".join(problems)
             )
         self._snapshot = candidate
+        for listener in self.listeners:
+            listener(candidate)

@@ -43,6 +43,7 @@ class TurnObservation:
 class TrajectoryObservation:
     turns: tuple[TurnObservation, ...]
     lifetime_s: float
+    context_tokens: int = 0  # final context length (0: unknown)
 
 
 class Ema:
@@ -104,7 +105,9 @@ class RuntimeTracker:
                 )
             )
         self.observe_trajectory(
-            TrajectoryObservation(tuple(turns), result.finished_at - result.started_at)
+            TrajectoryObservation(
+                tuple(turns), result.finished_at - result.started_at, result.context_tokens
+            )
         )
 
     def observe_toggle(self, seconds: float) -> None:
@@ -140,6 +143,12 @@ class RuntimeTracker:
                 t.appended_tokens + t.kept_tokens for t in turns
             ) / len(turns)
             out["env_time_s"] = max(sum(t.env_time_s for t in tr.turns) for tr in trajs)
+            contexts = [tr.context_tokens for tr in trajs if tr.context_tokens > 0]
+            if contexts:
+                # The batch's KV at its peak, per trajectory: K x mean final context.
+                out["kv_bytes_per_trajectory"] = (
+                    self.prior.kv_bytes_per_token * sum(contexts) / len(contexts)
+                )
             if makespan_s > 0:
                 decoding = sum(t.decode_s for t in turns)
                 f = min(1.0, max(1e-3, decoding / (len(trajs) * makespan_s)))

@@ -1,0 +1,149 @@
+"""Rollout-resource policies: PEARL, its ablations and the baselines it is measured against.
+
+A policy is three choices, each a switch in the Elastic Scheduler:
+
+- ``pool``: which rollout GPUs exist. ``reserved`` is ROLL's fixed pool; ``fixed`` is a
+  larger fixed pool (ROLL-Large: the segment's mean rollout GPUs, rounded up to whole
+  workers); ``elastic`` follows the availability trace (reserved + preemptible).
+- ``pd``: how prefill and decode are placed. ``colocated`` always; ``static`` a fixed P:D
+  ratio applied to whatever workers exist; ``adaptive`` PEARL's decision engine, refitted
+  from telemetry after every step.
+- ``borrowing``: intra-scale use of training GPUs between updates. ``off``; ``ungated``
+  borrows after every update; ``gated`` only when ``(R/B)(T_ded - T_full) > T_toggle``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from pearl.errors import ConfigError
+
+
+class Pool(enum.StrEnum):
+    RESERVED = "reserved"
+    FIXED = "fixed"
+    ELASTIC = "elastic"
+
+
+class PDMode(enum.StrEnum):
+    COLOCATED = "colocated"
+    STATIC = "static"
+    ADAPTIVE = "adaptive"
+
+
+class Borrowing(enum.StrEnum):
+    OFF = "off"
+    UNGATED = "ungated"
+    GATED = "gated"
+
+
+@dataclass(slots=True, frozen=True)
+class Policy:
+    name: str
+    pool: Pool
+    pd: PDMode
+    borrowing: Borrowing
+    static_split: tuple[int, int] = (1, 1)
+    """``static`` only: the P:D ratio, scaled to the workers available (at least 1 of each)."""
+    fixed_rollout_gpus: int | None = None
+    """``fixed`` only: the pool size; None: the trace's mean rollout GPUs, rounded up to
+    whole workers (ROLL-Large)."""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        p, d = self.static_split
+        if p < 1 or d < 1:
+            raise ConfigError(f"policy {self.name}: static_split must be >= 1:1, got {p}:{d}")
+        if self.fixed_rollout_gpus is not None and self.fixed_rollout_gpus < 1:
+            raise ConfigError(
+                f"policy {self.name}: fixed_rollout_gpus must be >= 1, "
+                f"got {self.fixed_rollout_gpus}"
+            )
+
+    def static_counts(self, workers: int) -> tuple[int, int]:
+        """``(N_P, N_D)`` for ``workers`` >= 2 under the static ratio."""
+        p, d = self.static_split
+        n_p = min(workers - 1, max(1, round(workers * p / (p + d))))
+        return n_p, workers - n_p
+
+    def pool_workers(
+        self, reserved_gpus: int, max_preemptible_gpus: int, mean_preemptible_gpus: float, tp: int
+    ) -> int:
+        """Workers of a non-elastic pool (``reserved`` or ``fixed``)."""
+        if self.pool is Pool.RESERVED:
+            return reserved_gpus // tp
+        if self.fixed_rollout_gpus is not None:
+            return self.fixed_rollout_gpus // tp
+        gpus = reserved_gpus + min(mean_preemptible_gpus, max_preemptible_gpus)
+        return math.ceil(gpus / tp - 1e-9)
+
+
+POLICIES: Mapping[str, Policy] = MappingProxyType(
+    {
+        p.name: p
+        for p in (
+            Policy(
+                "roll",
+                Pool.RESERVED,
+                PDMode.COLOCATED,
+                Borrowing.OFF,
+                description="ROLL: the reserved rollout GPUs only, colocated",
+            ),
+            Policy(
+                "roll-large",
+                Pool.FIXED,
+                PDMode.COLOCATED,
+                Borrowing.OFF,
+                description="ROLL-Large: a fixed pool of the trace's mean rollout GPUs, colocated",
+            ),
+            Policy(
+                "rlboost",
+                Pool.ELASTIC,
+                PDMode.COLOCATED,
+                Borrowing.OFF,
+                description="RLBoost+: inter-scale elastic, colocated, no borrowing",
+            ),
+            Policy(
+                "static-pd",
+                Pool.ELASTIC,
+                PDMode.STATIC,
+                Borrowing.OFF,
+                description="inter-scale elastic with a fixed 1:1 P:D ratio, no borrowing",
+            ),
+            Policy(
+                "pearl-pd",
+                Pool.ELASTIC,
+                PDMode.ADAPTIVE,
+                Borrowing.OFF,
+                description="PEARL ablation: adaptive PD only (no borrowing)",
+            ),
+            Policy(
+                "pearl-ungated",
+                Pool.ELASTIC,
+                PDMode.ADAPTIVE,
+                Borrowing.UNGATED,
+                description="PEARL ablation: adaptive PD + borrowing after every update",
+            ),
+            Policy(
+                "pearl",
+                Pool.ELASTIC,
+                PDMode.ADAPTIVE,
+                Borrowing.GATED,
+                description="PEARL: adaptive PD + gated borrowing of training GPUs",
+            ),
+        )
+    }
+)
+
+
+def get_policy(name: str, **overrides) -> Policy:
+    """A named policy, optionally with fields replaced (e.g. ``static_split=(1, 2)``)."""
+    try:
+        policy = POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
+    return replace(policy, **overrides) if overrides else policy

@@ -1,0 +1,190 @@
+"""``pearl simulate`` with ``kind: rl``: every policy on every availability segment.
+
+Each (policy, segment) pair is one simulated RL run of ``rl.duration_s`` on the same
+cluster, workload seed and trace; runs go to worker processes. The run folder gets
+``metrics.jsonl`` (one line per RL step and run), ``events.jsonl`` (every elastic event,
+decision, reconfiguration, gate evaluation and role-timeline change), ``summary.json``
+and ``table.md`` (throughput per policy and segment, ratios to ROLL and to RLBoost+).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pearl.config import RLExperimentConfig, dump_config
+from pearl.control.decision import DecisionConfig
+from pearl.control.policies import get_policy
+from pearl.report.run_folder import RunFolder
+from pearl.sim.rl import RLSetting, run_policy
+from pearl.sim.worker import SimEngineConfig
+from pearl.workloads.agentic import get_profile
+from pearl.workloads.availability import SEGMENTS, AvailabilityTrace, load_availability, load_segment
+
+
+def load_trace(name: str) -> AvailabilityTrace:
+    """A shipped segment by name, else an availability CSV file."""
+    return load_segment(name) if name in SEGMENTS else load_availability(name)
+
+
+def build_setting(cfg: RLExperimentConfig) -> RLSetting:
+    from pearl.sim.simulate import build_cost_model
+
+    profile = get_profile(cfg.workload.profile)
+    if cfg.workload.num_tasks or cfg.workload.group_size:
+        from dataclasses import replace
+
+        profile = replace(
+            profile,
+            num_tasks=cfg.workload.num_tasks or profile.num_tasks,
+            group_size=cfg.workload.group_size or profile.group_size,
+        )
+    c = cfg.cluster
+    return RLSetting(
+        cost=build_cost_model(cfg),  # type: ignore[arg-type]
+        profile=profile,
+        reserved_gpus=c.reserved_gpus,
+        max_preemptible_gpus=c.max_preemptible_gpus,
+        training_gpus=c.training_gpus,
+        duration_s=cfg.rl.duration_s,
+        max_staleness=cfg.rl.max_staleness,
+        seed=cfg.workload.seed,
+        engine=SimEngineConfig(
+            block_size=cfg.sim.block_size,
+            max_num_batched_tokens=cfg.sim.max_num_batched_tokens,
+            max_num_seqs=cfg.sim.max_num_seqs,
+            max_model_len=cfg.sim.max_model_len,
+            fast_forward=cfg.sim.fast_forward,
+        ),
+        decision=DecisionConfig(
+            mode_switch_threshold=cfg.pd.mode_switch_threshold,
+            ratio_change_threshold=cfg.pd.ratio_change_threshold,
+        ),
+    )
+
+
+def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
+    """One (policy, segment) run; plain data so it crosses process boundaries."""
+    cfg = RLExperimentConfig.model_validate(cfg_json)
+    setting = build_setting(cfg)
+    policy = get_policy(policy_name, static_split=tuple(cfg.pd.static_split))
+    trace = load_trace(segment)
+    result = run_policy(setting, policy, trace)
+    return {
+        "policy": policy_name,
+        "segment": segment,
+        "throughput": result.throughput,
+        "steps": len(result.records),
+        "finished_at": result.finished_at,
+        "rows": result.step_rows(),
+        "events": result.events,
+        "timeline": result.timeline,
+        "rollout_gpus": result.rollout_gpus,
+        "counters": result.counters,
+        "wall_s": result.wall_s,
+        "trace_mean_gpus": trace.mean(),
+    }
+
+
+@dataclass(slots=True)
+class ExperimentOutcome:
+    run_dir: str
+    runs: list[dict]
+    table: str
+    wall_s: float
+
+
+def run_experiment(cfg: RLExperimentConfig, log: Callable[[str], None] = print) -> ExperimentOutcome:
+    start = time.perf_counter()
+    for name in cfg.elastic.segments:  # fail fast on a bad trace, before any run starts
+        load_trace(name)
+    setting = build_setting(cfg)
+    run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
+    run.write_config(dump_config(cfg))
+    log(
+        f"{setting.cost.model.name} TP{setting.cost.tp} {setting.cost.gpu.name}; "
+        f"{setting.training_gpus} training + {setting.reserved_gpus} reserved + up to "
+        f"{setting.max_preemptible_gpus} preemptible GPUs; workload {setting.profile.name} "
+        f"(batch {setting.profile.batch_size}); {len(cfg.policies)} policies x "
+        f"{len(cfg.elastic.segments)} segments of {cfg.rl.duration_s:.0f} s"
+    )
+    jobs = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
+    cfg_json = cfg.model_dump(mode="json")
+    results: dict[tuple[str, str], dict] = {}
+    if cfg.processes == 1:
+        for p, s in jobs:
+            results[(p, s)] = _report(run_one(cfg_json, p, s), log)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(min(cfg.processes, len(jobs)), mp_context=ctx) as pool:
+            futures = {pool.submit(run_one, cfg_json, p, s): (p, s) for p, s in jobs}
+            for fut in cf.as_completed(futures):
+                results[futures[fut]] = _report(fut.result(), log)
+    runs = [results[j] for j in jobs]  # config order, whatever order they finished in
+    for r in runs:
+        tag = {"policy": r["policy"], "segment": r["segment"]}
+        for row in r["rows"]:
+            run.metric({**tag, **row})
+        for event in r["events"]:
+            run.event({**tag, **event})
+        for entry in r["timeline"]:
+            run.event({**tag, "kind": "roles", **entry})
+        for t, gpus in r["rollout_gpus"]:
+            run.event({**tag, "kind": "budget", "t": t, "rollout_gpus": gpus})
+    table = throughput_table(runs, cfg.policies, cfg.elastic.segments)
+    (run.path / "table.md").write_text(table + "\n")
+    wall = time.perf_counter() - start
+    run.summary(
+        {
+            "model": setting.cost.model.name,
+            "workload": setting.profile.name,
+            "throughput_tokens_per_s": {
+                s: {r["policy"]: r["throughput"] for r in runs if r["segment"] == s}
+                for s in cfg.elastic.segments
+            },
+            "steps": {f"{r['policy']}@{r['segment']}": r["steps"] for r in runs},
+            "counters": {f"{r['policy']}@{r['segment']}": r["counters"] for r in runs},
+            "wall_s": wall,
+            "run_wall_s": {f"{r['policy']}@{r['segment']}": r["wall_s"] for r in runs},
+        }
+    )
+    run.close()
+    log("")
+    log(table)
+    log("")
+    log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes)")
+    return ExperimentOutcome(str(run.path), runs, table, wall)
+
+
+def _report(r: dict, log: Callable[[str], None]) -> dict:
+    c = r["counters"]
+    log(
+        f"  {r['policy']:>14} @ {r['segment']:<9} {r['throughput']:9.1f} tok/s  "
+        f"{r['steps']:3d} steps  borrow {c['borrow_rounds']:>2}  role switches "
+        f"{c['role_switches']:>3}  ({r['wall_s']:.1f} s)"
+    )
+    return r
+
+
+def throughput_table(runs: list[dict], policies: list[str], segments: list[str]) -> str:
+    """Markdown: throughput per policy and segment, and ratios to ROLL and RLBoost+."""
+    by = {(r["policy"], r["segment"]): r["throughput"] for r in runs}
+    head = "| policy |"
+    rule = "|---|"
+    for s in segments:
+        head += f" {s} tok/s | x ROLL | vs RLBoost+ |"
+        rule += "---:|---:|---:|"
+    lines = [head, rule]
+    for p in policies:
+        line = f"| {p} |"
+        for s in segments:
+            t = by[(p, s)]
+            roll, boost = by.get(("roll", s)), by.get(("rlboost", s))
+            x_roll = f"{t / roll:.2f}x" if roll else "-"
+            vs_boost = f"{100 * (t / boost - 1):+.1f}%" if boost else "-"
+            line += f" {t:.0f} | {x_roll} | {vs_boost} |"
+        lines.append(line)
+    return "\n".join(lines)

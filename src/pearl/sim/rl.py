@@ -1,0 +1,387 @@
+"""A whole asynchronous RL run in the simulated world, under one rollout policy.
+
+Wires the control plane (table, router, rebuilder, toggle manager, tracker, Elastic
+Scheduler, pipeline) to simulated workers and a simulated trainer, replays a GPU
+availability trace, and records every step, reconfiguration and role change. The
+cluster is PEARL's evaluation layout: dedicated rollout GPUs (reserved + preemptible),
+then the training GPUs, whose TP groups form the overlap zone that can be borrowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.decision import DecisionConfig, WorkloadParams
+from pearl.control.elastic import ElasticScheduler, RoleDecider
+from pearl.control.interfaces import AsyncioClock, WorkerRole
+from pearl.control.pipeline import PipelineConfig, PipelineScheduler, StepRecord, WeightSync
+from pearl.control.policies import Borrowing, Policy, Pool
+from pearl.control.rebuilder import InterScaleRebuilder
+from pearl.control.router import Router
+from pearl.control.state import TableSnapshot, WorkerSlot, WorkerStatus, WorkerTable, Zone
+from pearl.control.toggle import IntraScaleToggleManager
+from pearl.control.tracker import IterationObservation, RuntimeTracker
+from pearl.sim.clock import run_virtual
+from pearl.sim.costmodel import CostModel
+from pearl.sim.network import Network
+from pearl.sim.trainer import SimulatedTrainer
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+from pearl.sim.world import SimKVMover
+from pearl.workloads.agentic import AgenticProfile, generate_batch
+from pearl.workloads.availability import AvailabilityTrace
+
+
+@dataclass(slots=True, frozen=True)
+class RLSetting:
+    """Everything a run shares across policies (SPEC.md "How it was evaluated" by default)."""
+
+    cost: CostModel
+    profile: AgenticProfile
+    reserved_gpus: int = 4
+    max_preemptible_gpus: int = 12
+    training_gpus: int = 16
+    duration_s: float = 7_200.0
+    max_staleness: int = 1
+    seed: int = 0
+    engine: SimEngineConfig = field(default_factory=SimEngineConfig)
+    decision: DecisionConfig = field(default_factory=DecisionConfig)
+
+    def __post_init__(self) -> None:
+        tp = self.cost.tp
+        for name in ("reserved_gpus", "training_gpus"):
+            value = getattr(self, name)
+            if value < tp or value % tp:
+                raise ValueError(f"{name} must be a positive multiple of TP={tp}, got {value}")
+        if self.max_preemptible_gpus < 0:
+            raise ValueError(f"max_preemptible_gpus must be >= 0, got {self.max_preemptible_gpus}")
+        if not self.duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
+
+
+@dataclass(slots=True)
+class RLRunResult:
+    policy: str
+    trace: str
+    records: list[StepRecord]
+    started_at: float
+    events: list[dict]
+    timeline: list[dict]
+    rollout_gpus: list[tuple[float, int]]  # (time, dedicated rollout GPUs the policy may use)
+    counters: dict[str, float]
+    wall_s: float
+
+    @property
+    def finished_at(self) -> float:
+        return self.records[-1].sync_finished if self.records else self.started_at
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(r.rollout_tokens + r.train_tokens for r in self.records)
+
+    @property
+    def throughput(self) -> float:
+        """(rollout generated + training tokens) / time, over every completed step."""
+        elapsed = self.finished_at - self.started_at
+        return self.total_tokens / elapsed if elapsed > 0 else 0.0
+
+    def step_rows(self) -> list[dict]:
+        """One row per step: timings, tokens, throughput, and the GPU budget behind it."""
+        rows = []
+        previous = self.started_at
+        for rec in self.records:
+            duration = rec.sync_finished - previous
+            rows.append(
+                {
+                    "step": rec.step,
+                    "time_s": round(rec.sync_finished - self.started_at, 6),
+                    "timing/step": duration,
+                    "timing/rollout": rec.rollout_finished - rec.rollout_started,
+                    "timing/train": rec.train_finished - rec.train_started,
+                    "timing/weight_sync": rec.sync_finished - rec.train_finished,
+                    "performance/rollout_tokens": rec.rollout_tokens,
+                    "performance/train_tokens": rec.train_tokens,
+                    "performance/tokens_per_sec": (rec.rollout_tokens + rec.train_tokens)
+                    / duration
+                    if duration > 0
+                    else 0.0,
+                    "cluster/rollout_gpus": _mean_level(
+                        self.rollout_gpus, previous, rec.sync_finished
+                    ),
+                    "weights/oldest_version": rec.weight_versions[0],
+                }
+            )
+            previous = rec.sync_finished
+        return rows
+
+
+def _mean_level(levels: list[tuple[float, int]], start: float, end: float) -> float:
+    """Time-average of a step function given as (time, value) changes over [start, end)."""
+    if end <= start or not levels:
+        return float(levels[-1][1]) if levels else 0.0
+    total = 0.0
+    for k, (t, value) in enumerate(levels):
+        nxt = levels[k + 1][0] if k + 1 < len(levels) else math.inf
+        lo, hi = max(t, start), min(nxt, end)
+        if hi > lo:
+            total += value * (hi - lo)
+    return total / (end - start)
+
+
+class _Factory:
+    """Starts simulated workers on a slot's GPUs after the preparation latency."""
+
+    def __init__(self, make, prepare_s: float) -> None:
+        self.make = make
+        self.prepare_s = prepare_s
+        self.started = 0
+        self.stopped = 0
+
+    async def start(self, slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
+        await asyncio.sleep(self.prepare_s)
+        self.started += 1
+        return self.make(slot, role)
+
+    async def stop(self, slot_id, worker) -> None:
+        worker.close()
+        self.stopped += 1
+
+
+def prior_params(setting: RLSetting, bandwidth_Bps: float) -> WorkloadParams:
+    """What the deployment knows before measuring anything: model and hardware sizes. The
+    workload fields are placeholders, replaced by the first refit (nothing is decided
+    from them: the decider stays colocated until then)."""
+    cost = setting.cost
+    capacity_tokens = cost.kv_capacity_tokens()
+    return WorkloadParams(
+        turns=1,
+        decode_tokens_per_turn=1,
+        appended_tokens_per_turn=1,
+        bubble_ratio=0,
+        decode_step_fixed_s=1e-3,
+        decode_step_per_sequence_s=0,
+        prefill_s_per_token=0,
+        switch_overhead_s=0,
+        env_time_s=0,
+        kv_bytes_per_token=cost.kv_bytes(1),
+        pd_bandwidth_bytes_per_s=bandwidth_Bps,
+        kv_bytes_per_trajectory=cost.kv_bytes(setting.profile.max_context_tokens),
+        kv_capacity_bytes_per_worker=max(1, cost.kv_bytes(capacity_tokens)),
+        batch_trajectories=setting.profile.batch_size,
+    )
+
+
+def run_policy(
+    setting: RLSetting, policy: Policy, trace: AvailabilityTrace | None = None
+) -> RLRunResult:
+    """One RL run of ``setting.duration_s`` under ``policy``; ``trace`` gives preemptible
+    GPUs over time (elastic pools) and the mean that sizes a ``fixed`` pool."""
+    wall = time.perf_counter()
+    cost, tp = setting.cost, setting.cost.tp
+    gpu = cost.gpu
+    if policy.pool is Pool.ELASTIC:
+        if trace is None:
+            raise ValueError(f"policy {policy.name} follows an availability trace; none given")
+        reserved_workers = setting.reserved_gpus // tp
+        preemptible_workers = setting.max_preemptible_gpus // tp
+    else:
+        mean = trace.mean() if trace is not None else 0.0
+        reserved_workers = policy.pool_workers(
+            setting.reserved_gpus, setting.max_preemptible_gpus, mean, tp
+        )
+        preemptible_workers = 0
+    dedicated_gpus = (reserved_workers + preemptible_workers) * tp
+    gpn = gpu.gpus_per_node
+    training_base = math.ceil(dedicated_gpus / gpn) * gpn  # training nodes start on a node
+    nodes = math.ceil((training_base + setting.training_gpus) / gpn)
+    network = Network.for_gpu(gpu, nodes)
+    blocks = max(2, cost.kv_capacity_tokens() // setting.engine.block_size)
+    engine = SimEngineConfig(
+        **{f: getattr(setting.engine, f) for f in setting.engine.__dataclass_fields__}
+    )
+    engine.num_kv_blocks = blocks
+    vocab = cost.model.vocab_size
+    lat = cost.worker_latencies()
+
+    events: list[dict] = []
+    timeline: list[dict] = []
+    rollout_gpus: list[tuple[float, int]] = []
+
+    async def main() -> tuple[list[StepRecord], float, dict]:
+        loop = asyncio.get_running_loop()
+        clock = AsyncioClock()
+        table = WorkerTable()
+        reserved = [
+            table.add_slot(range(i * tp, (i + 1) * tp), Zone.DEDICATED, WorkerRole.COLOCATED)
+            for i in range(reserved_workers)
+        ]
+        preemptible = [
+            table.add_slot(range(i * tp, (i + 1) * tp), Zone.DEDICATED, WorkerRole.COLOCATED)
+            for i in range(reserved_workers, reserved_workers + preemptible_workers)
+        ]
+        train_gpus = range(training_base, training_base + setting.training_gpus)
+        training = table.add_slot(
+            train_gpus, Zone.OVERLAP, WorkerRole.TRAINING, WorkerStatus.ACTIVE
+        )
+        overlap = [
+            table.add_slot(train_gpus[k : k + tp], Zone.OVERLAP, WorkerRole.COLOCATED)
+            for k in range(0, setting.training_gpus, tp)
+        ]
+
+        def record(snap: TableSnapshot) -> None:
+            counts: dict[str, int] = {}
+            for s in snap.slots:
+                if s.status is WorkerStatus.ACTIVE and not s.is_training:
+                    key = f"{'overlap' if s.zone is Zone.OVERLAP else 'dedicated'}_{s.role}"
+                    counts[key] = counts.get(key, 0) + 1
+            entry = {"t": round(loop.time(), 6), **dict(sorted(counts.items()))}
+            if timeline and timeline[-1]["t"] == entry["t"]:
+                timeline[-1] = entry
+            elif not timeline or {k: v for k, v in timeline[-1].items() if k != "t"} != {
+                k: v for k, v in entry.items() if k != "t"
+            }:
+                timeline.append(entry)
+
+        table.listeners.append(record)
+
+        tracker = RuntimeTracker(prior_params(setting, gpu.network_bandwidth_Bps))
+
+        def on_iteration(worker_id, start, dt, out, iterations) -> None:
+            per = dt / iterations
+            decodes = len(out.decodes)
+            prefill = sum(ch.num_tokens for ch in out.prefills)
+            tracker.observe_iteration(IterationObservation(decodes, prefill, per))
+
+        gpus_of: dict[str, list[int]] = {}
+
+        def make(slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
+            wid = f"{'o' if slot.zone is Zone.OVERLAP else 'w'}{slot.slot_id}"
+            gpus_of[wid] = list(slot.gpus)
+            return SimulatedWorker(
+                wid, cost, engine, role=role, vocab_size=vocab, on_iteration=on_iteration
+            )
+
+        router = Router(SimKVMover(network, cost, gpus_of))
+        trainer = SimulatedTrainer(cost, num_gpus=setting.training_gpus)
+        factory = _Factory(make, prepare_s=0.0)  # the initial workers are up at t = 0
+        rebuilder = InterScaleRebuilder(
+            table,
+            router,
+            factory,
+            lambda: trainer.weight_version,
+            cost.weight_sync_time,
+            finalize_s=0.0,
+        )
+        toggle = None
+        if policy.borrowing is not Borrowing.OFF:
+            snap = table.snapshot()
+            retained = {s: make(snap.slot(s), WorkerRole.COLOCATED) for s in overlap}
+            toggle = IntraScaleToggleManager(
+                rebuilder, trainer, [training], retained, lat.activate_s, lat.deactivate_s
+            )
+        t0 = loop.time()
+
+        def log(event: dict) -> None:
+            events.append({**event, "t": round(event.get("t", loop.time()) - t0, 6)})
+
+        decider = RoleDecider(policy, tracker, setting.decision, log)
+        pipeline_box: list[PipelineScheduler] = []
+        elastic = ElasticScheduler(
+            rebuilder,
+            reserved,
+            preemptible,
+            tp,
+            clock,
+            decider=decider,
+            toggle=toggle,
+            tracker=tracker,
+            progress=lambda: pipeline_box[0].borrow_window(),
+            log=log,
+        )
+        changes = list(trace.changes()) if (trace is not None and preemptible) else []
+        initial = trace.value_at(trace.start_s) if changes else 0
+        await elastic.start(initial)
+        await elastic.settle()
+        factory.prepare_s, rebuilder.finalize_s = lat.prepare_s, lat.finalize_s
+
+        def budget_now() -> int:
+            return (reserved_workers * tp) + (elastic.budget_gpus if preemptible else 0)
+
+        rollout_gpus.append((0.0, budget_now()))
+        original = elastic.on_availability
+
+        async def on_availability(gpus: int) -> None:
+            await original(gpus)
+            rollout_gpus.append((round(loop.time() - t0, 6), budget_now()))
+
+        elastic.on_availability = on_availability  # type: ignore[method-assign]
+
+        profile = setting.profile
+        pipeline = PipelineScheduler(
+            lambda i: generate_batch(profile, seed=setting.seed * 100_003 + i),
+            router,
+            trainer,
+            WeightSync(lambda: list(rebuilder.workers.values()), cost.weight_sync_time),
+            clock,
+            AgentLoopConfig(vocab_size=vocab),
+            PipelineConfig(
+                num_steps=1_000_000,
+                max_staleness=setting.max_staleness,
+                deadline_s=setting.duration_s,
+            ),
+            listener=elastic,
+        )
+        pipeline.on_trajectory = tracker.observe_result
+        pipeline_box.append(pipeline)
+        trace_changes = [(t - trace.start_s, v) for t, v in changes if t > trace.start_s]
+        replay = asyncio.ensure_future(elastic.replay(trace_changes))
+        records = await pipeline.run()
+        replay.cancel()
+        try:
+            await replay
+        except asyncio.CancelledError:
+            pass
+        await elastic.settle()
+        if toggle is not None and toggle.borrowed:
+            await toggle.give_back()
+        table.check()
+        counters = {
+            "reconfigurations": sum(1 for e in events if e["kind"] in ("reassign", "shrink")),
+            "role_switches": sum(len(e["roles"]) for e in events if e["kind"] == "reassign"),
+            "expansions_cancelled": rebuilder.expansions_cancelled,
+            "workers_started": factory.started,
+            "borrow_rounds": toggle.rounds if toggle else 0,
+            "borrow_skipped_by_gate": toggle.skipped_by_gate if toggle else 0,
+            "turns_resumed": router.turns_resumed,
+            "kv_transfer_retries": router.transfer_retries,
+            "sessions_moved": router.sessions_moved,
+            "trainer_busy_s": trainer.busy_s,
+        }
+        for w in list(rebuilder.workers.values()) + (list(toggle.overlap.values()) if toggle else []):
+            w.close()
+        return records, t0, counters
+
+    (records, t0, counters), _ = run_virtual(main)
+    # Report times from the start of the run (t0: the initial workers are up).
+    for rec in records:
+        rec.rollout_started -= t0
+        rec.rollout_finished -= t0
+        rec.train_started -= t0
+        rec.train_finished -= t0
+        rec.sync_finished -= t0
+    for entry in timeline:
+        entry["t"] = round(max(0.0, entry["t"] - t0), 6)
+    return RLRunResult(
+        policy=policy.name,
+        trace=trace.source if trace is not None else "",
+        records=records,
+        started_at=0.0,
+        events=events,
+        timeline=timeline,
+        rollout_gpus=rollout_gpus,
+        counters=counters,
+        wall_s=time.perf_counter() - wall,
+    )
