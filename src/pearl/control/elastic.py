@@ -120,8 +120,8 @@ class ElasticScheduler:
         self._log = log or (lambda event: None)
         self.events: list[ElasticEvent] = []
         self.budget_gpus = 0
-        self._expansion: asyncio.Task[bool] | None = None
-        self._expanding: set[SlotId] = set()
+        # Background expansions in flight, each a group admitted (or cancelled) as a whole.
+        self._expansions: dict[asyncio.Task[bool], frozenset[SlotId]] = {}
         self._lock = asyncio.Lock()  # one reconfiguration at a time (the table serializes too)
 
     # -- helpers -------------------------------------------------------------------
@@ -161,18 +161,19 @@ class ElasticScheduler:
         self.budget_gpus = budget * self.gpus_per_worker
         target = set(self.reserved) | set(self.preemptible[:budget])
         dedicated = set(self.reserved) | set(self.preemptible)
+        self._expansions = {t: g for t, g in self._expansions.items() if not t.done()}
+        for task, group in list(self._expansions.items()):
+            if group - target:  # GPUs being prepared were reclaimed: cancel the whole group
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                del self._expansions[task]
+                self.log({"kind": "expansion_cancelled", "workers": sorted(group)})
         active = set(self.rebuilder.workers)
-        if self._expansion is not None and not self._expansion.done() and self._expanding - target:
-            self._expansion.cancel()  # GPUs being prepared were reclaimed: cancel the whole group
-            try:
-                await self._expansion
-            except asyncio.CancelledError:
-                pass
-            self.log({"kind": "expansion_cancelled", "workers": sorted(self._expanding)})
         leaving = sorted((active & dedicated) - target)
-        in_flight = (
-            self._expanding if self._expansion is not None and not self._expansion.done() else set()
-        )
+        in_flight = set().union(*self._expansions.values())
         joining = sorted(target - active - in_flight)
         self.events.append(
             ElasticEvent(
@@ -200,9 +201,9 @@ class ElasticScheduler:
         if joining:
             guess = self._roles_for(set(self.rebuilder.workers) | set(joining))
             roles = {s: guess[s] for s in joining}
-            self._expanding = set(joining)
             self.log({"kind": "expand", "joining": joining, "roles": _labels(roles)})
-            self._expansion = asyncio.ensure_future(self._expand(roles))
+            task = asyncio.ensure_future(self._expand(roles))
+            self._expansions[task] = frozenset(joining)
 
     async def _expand(self, roles: Mapping[SlotId, WorkerRole]) -> bool:
         def at_admission(workers: list[SlotId]) -> dict[SlotId, WorkerRole]:
@@ -225,12 +226,13 @@ class ElasticScheduler:
             await self.on_availability(gpus)
 
     async def settle(self) -> None:
-        """Wait for a background expansion to finish (end of a run)."""
-        if self._expansion is not None:
+        """Wait for the background expansions to finish (end of a run)."""
+        for task in list(self._expansions):
             try:
-                await self._expansion
+                await task
             except asyncio.CancelledError:
                 pass
+        self._expansions.clear()
 
     # -- pipeline hooks ----------------------------------------------------------------
     async def on_rollout_finished(self, step: int, result: BatchResult) -> None:

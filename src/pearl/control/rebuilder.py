@@ -140,6 +140,11 @@ class InterScaleRebuilder:
             await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
             await asyncio.sleep(self.finalize_s)
             await lock.__aenter__()
+            # A newer version may have been trained meanwhile (the regular sync reaches only
+            # active workers): catch up before admission, so no turn runs on stale weights.
+            while (latest := self.weight_version()) > version:
+                version = latest
+                await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
         except asyncio.CancelledError:
             self.expansions_cancelled += 1
             for slot_id, worker in handles.items():

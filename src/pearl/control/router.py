@@ -163,32 +163,46 @@ class Router:
                 pass
 
     async def _run_once(self, turn: TurnRequest) -> TurnOutput:
-        await self._wait_for_workers(turn.session_id)
-        if not self.disaggregated:
-            worker = self._pick(WorkerRole.COLOCATED, turn.session_id, self.colocated)
-            return await worker.generate(turn)
-        p = self._pick(WorkerRole.PREFILL, turn.session_id, self.prefill)
-        d = self._pick(WorkerRole.DECODE, turn.session_id, self.decode)
-        new_tokens = len(turn.token_ids) - await p.session_length(turn.session_id)
+        while True:
+            await self._wait_for_workers(turn.session_id)
+            if not self.disaggregated:
+                worker = self._pick(WorkerRole.COLOCATED, turn.session_id, self.colocated)
+                return await worker.generate(turn)  # no await between the pick and the dispatch
+            p = self._pick(WorkerRole.PREFILL, turn.session_id, self.prefill)
+            try:
+                new_tokens = len(turn.token_ids) - await p.session_length(turn.session_id)
+            except EngineStateError:
+                new_tokens = len(turn.token_ids)  # p stopped meanwhile; the check below re-picks
+            if p in self.prefill:  # still a prefill worker after the await: dispatch now
+                break
         self._inflight_prefill_tokens[p.worker_id] += new_tokens
         try:
             first = await p.prefill(turn)
         finally:
             self._inflight_prefill_tokens[p.worker_id] -= new_tokens
         if first.finish_reason != "prefilled":
-            return first  # finished at the prefill worker (max_new_tokens 1 or a stop token)
+            return first  # finished at the prefill worker, or cut short (the caller resumes it)
         rest = moved = seconds = None
+        d: RolloutWorker | None = None
         for _attempt in range(MAX_TRANSFER_ATTEMPTS):
-            # What the decode worker holds can shrink while we wait (memory pressure unpins
-            # sessions), so a transfer or decode that finds it gone is retried from scratch.
-            held = await d.session_length(turn.session_id)
-            end = len(turn.token_ids)
-            if held > end:
-                held = 0  # the decode worker holds a different branch; resend everything
+            if d is None or d not in self.decode:
+                if not self.decode:
+                    # The topology switched away from disaggregation: hand the first token
+                    # back; the caller resumes the turn on the new topology.
+                    return dataclasses.replace(first, finish_reason="handed_back")
+                d = self._pick(WorkerRole.DECODE, turn.session_id, self.decode)
             try:
+                # What the decode worker holds can shrink while we wait (memory pressure unpins
+                # sessions), so a transfer or decode that finds it gone is retried from scratch.
+                held = await d.session_length(turn.session_id)
+                end = len(turn.token_ids)
+                if held > end:
+                    held = 0  # the decode worker holds a different branch; resend everything
                 moved, seconds = await self.kv_mover.move(
                     p, d, turn.session_id, turn.token_ids, held, end
                 )
+                if d not in self.decode:
+                    continue  # d left or switched role during the transfer: pick again
                 rest = await d.decode(
                     dataclasses.replace(
                         turn,
@@ -199,8 +213,10 @@ class Router:
                 )
                 break
             except (KVTransferError, EngineStateError):
-                # Out of KV memory on the decode side: wait for decodes to finish and free it.
                 self.transfer_retries += 1
+                if d not in self.decode:
+                    continue  # the worker left or changed role: pick another at once
+                # Out of KV memory on the decode side: wait for decodes to finish and free it.
                 low, high = RETRY_BACKOFF_S
                 await asyncio.sleep(min(high, low * 2**_attempt))
         if rest is None:
@@ -233,4 +249,7 @@ class Router:
             worker = self._home.pop((role, session_id), None)
             if worker is not None:
                 self._sessions_on[worker.worker_id] -= 1
-                await worker.release_session(session_id)
+                try:
+                    await worker.release_session(session_id)
+                except EngineStateError:
+                    pass  # the worker stopped meanwhile: its KV is gone anyway

@@ -34,11 +34,26 @@ class _JumpingSelector(selectors.DefaultSelector):
         if timeout is None:
             raise VirtualTimeDeadlock(
                 "virtual-time loop has nothing to run and no timer pending "
-                "(a coroutine awaits something that can never happen)"
+                "(a coroutine awaits something that can never happen); waiting tasks:\n"
+                + _waiting_tasks()
             )
         self.now += timeout
         self.jumps += 1
         return []
+
+
+def _waiting_tasks(limit: int = 12) -> str:
+    """Where each pending task of the running loop waits (its innermost coroutine)."""
+    lines = []
+    for task in list(asyncio.all_tasks())[:limit]:
+        coro, where = task.get_coro(), "?"
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None)
+            if frame is not None:
+                where = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+            coro = getattr(coro, "cr_await", None)
+        lines.append(f"  {task.get_coro().__qualname__} waits at {where}")
+    return "\n".join(lines)
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):

@@ -22,7 +22,12 @@ from pearl.report.run_folder import RunFolder
 from pearl.sim.rl import RLSetting, run_policy
 from pearl.sim.worker import SimEngineConfig
 from pearl.workloads.agentic import get_profile
-from pearl.workloads.availability import SEGMENTS, AvailabilityTrace, load_availability, load_segment
+from pearl.workloads.availability import (
+    SEGMENTS,
+    AvailabilityTrace,
+    load_availability,
+    load_segment,
+)
 
 
 def load_trace(name: str) -> AvailabilityTrace:
@@ -97,7 +102,9 @@ class ExperimentOutcome:
     wall_s: float
 
 
-def run_experiment(cfg: RLExperimentConfig, log: Callable[[str], None] = print) -> ExperimentOutcome:
+def run_experiment(
+    cfg: RLExperimentConfig, log: Callable[[str], None] = print
+) -> ExperimentOutcome:
     start = time.perf_counter()
     for name in cfg.elastic.segments:  # fail fast on a bad trace, before any run starts
         load_trace(name)

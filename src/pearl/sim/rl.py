@@ -49,6 +49,9 @@ class RLSetting:
     seed: int = 0
     engine: SimEngineConfig = field(default_factory=SimEngineConfig)
     decision: DecisionConfig = field(default_factory=DecisionConfig)
+    check_invariants: bool = False
+    """Fail the run if a turn reaches a worker whose slot is not active in the role the turn
+    is sent for, or training starts while a borrowed GPU still serves rollout."""
 
     def __post_init__(self) -> None:
         tp = self.cost.tp
@@ -104,8 +107,7 @@ class RLRunResult:
                     "timing/weight_sync": rec.sync_finished - rec.train_finished,
                     "performance/rollout_tokens": rec.rollout_tokens,
                     "performance/train_tokens": rec.train_tokens,
-                    "performance/tokens_per_sec": (rec.rollout_tokens + rec.train_tokens)
-                    / duration
+                    "performance/tokens_per_sec": (rec.rollout_tokens + rec.train_tokens) / duration
                     if duration > 0
                     else 0.0,
                     "cluster/rollout_gpus": _mean_level(
@@ -129,6 +131,59 @@ def _mean_level(levels: list[tuple[float, int]], start: float, end: float) -> fl
         if hi > lo:
             total += value * (hi - lo)
     return total / (end - start)
+
+
+class InvariantViolation(AssertionError):
+    """The control plane broke a rule the run was asked to check."""
+
+
+class _CheckedWorker(SimulatedWorker):
+    """A simulated worker that checks, at every dispatch, the table row of its slot."""
+
+    def __init__(self, *args, table: WorkerTable, slot_id: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._table, self._slot_id = table, slot_id
+
+    def _check(self, role: WorkerRole | None) -> None:
+        row = self._table.snapshot().slot(self._slot_id)
+        if row.status is not WorkerStatus.ACTIVE or (role is not None and row.role is not role):
+            raise InvariantViolation(
+                f"turn sent to {self.worker_id} as {role or 'colocated/any'}, but slot "
+                f"{self._slot_id} is {row.status} {row.role} (table version {self._table.version})"
+            )
+
+    async def generate(self, turn):
+        self._check(WorkerRole.COLOCATED)
+        return await super().generate(turn)
+
+    async def prefill(self, turn):
+        self._check(WorkerRole.PREFILL)
+        return await super().prefill(turn)
+
+    async def decode(self, turn):
+        self._check(WorkerRole.DECODE)
+        return await super().decode(turn)
+
+
+class _CheckedTrainer(SimulatedTrainer):
+    """Refuses to train while any overlap rollout slot holds GPUs (besides the trainer's
+    own check that its device state was restored)."""
+
+    def __init__(self, *args, table: WorkerTable, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._table = table
+
+    async def train_step(self, batch):
+        for s in self._table.snapshot().slots:
+            if (
+                s.zone is Zone.OVERLAP
+                and not s.is_training
+                and s.status is not WorkerStatus.INACTIVE
+            ):
+                raise InvariantViolation(
+                    f"training step {batch.step} started while overlap slot {s.slot_id} is {s.status}"
+                )
+        return await super().train_step(batch)
 
 
 class _Factory:
@@ -175,10 +230,14 @@ def prior_params(setting: RLSetting, bandwidth_Bps: float) -> WorkloadParams:
 
 
 def run_policy(
-    setting: RLSetting, policy: Policy, trace: AvailabilityTrace | None = None
+    setting: RLSetting,
+    policy: Policy,
+    trace: AvailabilityTrace | None = None,
+    decider: RoleDecider | None = None,
 ) -> RLRunResult:
     """One RL run of ``setting.duration_s`` under ``policy``; ``trace`` gives preemptible
-    GPUs over time (elastic pools) and the mean that sizes a ``fixed`` pool."""
+    GPUs over time (elastic pools) and the mean that sizes a ``fixed`` pool. ``decider``
+    replaces the policy's role decisions (its tracker and log are set here)."""
     wall = time.perf_counter()
     cost, tp = setting.cost, setting.cost.tp
     gpu = cost.gpu
@@ -260,12 +319,27 @@ def run_policy(
         def make(slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
             wid = f"{'o' if slot.zone is Zone.OVERLAP else 'w'}{slot.slot_id}"
             gpus_of[wid] = list(slot.gpus)
+            if setting.check_invariants:
+                return _CheckedWorker(
+                    wid,
+                    cost,
+                    engine,
+                    role=role,
+                    vocab_size=vocab,
+                    on_iteration=on_iteration,
+                    table=table,
+                    slot_id=slot.slot_id,
+                )
             return SimulatedWorker(
                 wid, cost, engine, role=role, vocab_size=vocab, on_iteration=on_iteration
             )
 
         router = Router(SimKVMover(network, cost, gpus_of))
-        trainer = SimulatedTrainer(cost, num_gpus=setting.training_gpus)
+        trainer = (
+            _CheckedTrainer(cost, num_gpus=setting.training_gpus, table=table)
+            if setting.check_invariants
+            else SimulatedTrainer(cost, num_gpus=setting.training_gpus)
+        )
         factory = _Factory(make, prepare_s=0.0)  # the initial workers are up at t = 0
         rebuilder = InterScaleRebuilder(
             table,
@@ -282,12 +356,17 @@ def run_policy(
             toggle = IntraScaleToggleManager(
                 rebuilder, trainer, [training], retained, lat.activate_s, lat.deactivate_s
             )
-        t0 = loop.time()
+        t0 = loop.time()  # reset once the initial workers are up
 
         def log(event: dict) -> None:
-            events.append({**event, "t": round(event.get("t", loop.time()) - t0, 6)})
+            t = max(0.0, event.get("t", loop.time()) - t0)
+            events.append({**event, "t": round(t, 6)})
 
-        decider = RoleDecider(policy, tracker, setting.decision, log)
+        if decider is None:
+            role_decider = RoleDecider(policy, tracker, setting.decision, log)
+        else:
+            role_decider = decider
+            role_decider.tracker, role_decider.log = tracker, log
         pipeline_box: list[PipelineScheduler] = []
         elastic = ElasticScheduler(
             rebuilder,
@@ -295,7 +374,7 @@ def run_policy(
             preemptible,
             tp,
             clock,
-            decider=decider,
+            decider=role_decider,
             toggle=toggle,
             tracker=tracker,
             progress=lambda: pipeline_box[0].borrow_window(),
@@ -305,6 +384,7 @@ def run_policy(
         initial = trace.value_at(trace.start_s) if changes else 0
         await elastic.start(initial)
         await elastic.settle()
+        t0 = loop.time()
         factory.prepare_s, rebuilder.finalize_s = lat.prepare_s, lat.finalize_s
 
         def budget_now() -> int:
@@ -360,7 +440,9 @@ def run_policy(
             "sessions_moved": router.sessions_moved,
             "trainer_busy_s": trainer.busy_s,
         }
-        for w in list(rebuilder.workers.values()) + (list(toggle.overlap.values()) if toggle else []):
+        for w in list(rebuilder.workers.values()) + (
+            list(toggle.overlap.values()) if toggle else []
+        ):
             w.close()
         return records, t0, counters
 

@@ -194,6 +194,15 @@ class SimulatedWorker:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
+        # Commands that never reached the engine fail rather than wait forever.
+        stopped = EngineStateError(f"worker {self.worker_id} is stopped")
+        inbox, self._inbox = self._inbox, []
+        for run in inbox:
+            run.fail(stopped)
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(stopped)
+        self._futures.clear()
 
     # -- internals -----------------------------------------------------------------
     def _now(self) -> float:
@@ -217,7 +226,10 @@ class SimulatedWorker:
         return turn_output(out, self.worker_id, _engine_role(self._role), submitted, self._now())
 
     async def _command(self, apply: Callable[[], object]):
-        """Run ``apply`` on the engine between iterations; return its result."""
+        """Run ``apply`` on the engine between iterations; return its result. Raises
+        ``EngineStateError`` if the worker is (or gets) stopped first."""
+        if self._closed:
+            raise EngineStateError(f"worker {self.worker_id} is stopped")
         fut = asyncio.get_running_loop().create_future()
 
         def run() -> None:
@@ -226,6 +238,11 @@ class SimulatedWorker:
             except Exception as exc:  # delivered to the caller, the engine keeps running
                 fut.set_exception(exc)
 
+        def fail(exc: Exception) -> None:
+            if not fut.done():
+                fut.set_exception(exc)
+
+        run.fail = fail  # type: ignore[attr-defined]
         self._inbox.append(run)
         self._ensure_running()
         if self._wakeup is not None and not self._wakeup.done():

@@ -493,13 +493,14 @@ class SyntheticAvailability:
             f"initial must be None or in [0, {self.max_available}], got {self.initial!r}",
         )
         check(self.max_step >= 1, f"max_step must be >= 1, got {self.max_step!r}")
-        check(
-            0 <= self.low_level < self.high_level <= self.max_available,
-            f"needs 0 <= low_level < high_level <= max_available ({self.max_available}), "
-            f"got {self.low_level!r} and {self.high_level!r}",
-        )
         if not isinstance(self.model, ChangeModel):
             object.__setattr__(self, "model", ChangeModel(self.model))
+        check(
+            self.model is not ChangeModel.TWO_LEVEL
+            or 0 <= self.low_level < self.high_level <= self.max_available,
+            f"needs 0 <= low_level < high_level <= max_available ({self.max_available}) "
+            f"for the two_level model, got {self.low_level!r} and {self.high_level!r}",
+        )
 
 
 def synthetic_availability(config: SyntheticAvailability, seed: int = 0) -> AvailabilityTrace:
