@@ -19,3 +19,50 @@ def test_demo_rejects_bad_options_with_a_clear_message():
     result = CliRunner().invoke(app, ["demo", "--sessions", "0"])
     assert result.exit_code != 0
     assert "sessions" in result.output
+
+
+def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
+    import json
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "headline.yaml"
+    args = [
+        "simulate",
+        "--config",
+        str(config),
+        "rl.duration_s=60",
+        "workload.profile=tiny",
+        "elastic.segments=[segment2]",
+        "policies=[roll,rlboost,pearl]",
+        "processes=1",
+        f"logger.run_dir={tmp_path}",
+        "logger.run_name=h",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "h"
+    table = (run / "table.md").read_text()
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == [
+        "roll",
+        "rlboost",
+        "pearl",
+    ]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {m["policy"] for m in metrics} == {"roll", "rlboost", "pearl"}
+    assert all(m["performance/tokens_per_sec"] > 0 for m in metrics)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "roles" for e in events)
+    assert any(e["kind"] == "start" for e in events)
+    assert any(e["kind"] == "budget" for e in events)
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["throughput_tokens_per_s"]["segment2"]) == {"roll", "rlboost", "pearl"}
+
+
+def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", "kind=rl", "policies=[roll,pearl9]"])
+    assert result.exit_code == 2
+    assert "pearl9" in result.output and "valid: roll" in result.output
+    result = CliRunner().invoke(app, ["simulate", "kind=rl", "elastic.segments=[/nope.csv]"])
+    assert result.exit_code == 2 and "/nope.csv" in result.output
+    result = CliRunner().invoke(app, ["simulate", "kind=batch"])
+    assert result.exit_code == 2 and "rollout, rl" in result.output

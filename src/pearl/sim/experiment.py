@@ -14,10 +14,12 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.decision import DecisionConfig
 from pearl.control.policies import get_policy
+from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.sim.rl import RLSetting, run_policy
 from pearl.sim.worker import SimEngineConfig
@@ -32,7 +34,14 @@ from pearl.workloads.availability import (
 
 def load_trace(name: str) -> AvailabilityTrace:
     """A shipped segment by name, else an availability CSV file."""
-    return load_segment(name) if name in SEGMENTS else load_availability(name)
+    if name in SEGMENTS:
+        return load_segment(name)
+    if not Path(name).is_file():
+        raise ConfigError(
+            f"elastic.segments: {name!r} is neither a shipped segment "
+            f"({', '.join(SEGMENTS)}) nor an availability CSV file"
+        )
+    return load_availability(name)
 
 
 def build_setting(cfg: RLExperimentConfig) -> RLSetting:
