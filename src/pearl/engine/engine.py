@@ -16,7 +16,7 @@ import torch
 from pearl.engine.block_manager import BlockManager
 from pearl.engine.kv_transfer import KVChunk, token_digest
 from pearl.engine.model_runner import ModelRunner
-from pearl.engine.scheduler import InFlight, Scheduler, SchedulerConfig
+from pearl.engine.scheduler import InFlight, Scheduler, SchedulerConfig, SchedulerOutput
 from pearl.engine.sequence import Request, RequestOutput, Role, Sequence
 from pearl.errors import EngineStateError, KVTransferError, RequestError
 from pearl.models.config import ModelConfig
@@ -84,6 +84,9 @@ class LLMEngine:
         self.device = torch.device(config.device)
         self.clock = clock
         self.weight_version = weight_version
+        # Called after every non-empty iteration with its schedule and its seconds
+        # (schedule + forward + postprocess), e.g. to log batch shapes against time.
+        self.on_iteration: Callable[[SchedulerOutput, float], None] | None = None
         max_len = config.max_model_len or model.config.max_position_embeddings
         if max_len > model.config.max_position_embeddings:
             raise RequestError(
@@ -174,6 +177,8 @@ class LLMEngine:
             s.decode_tokens += len(out.decodes)
             s.scheduler_time += (t1 - t0) + (t3 - t2)
             s.model_time += t2 - t1
+            if self.on_iteration is not None:
+                self.on_iteration(out, t3 - t0)
         return finished
 
     def has_unfinished(self) -> bool:

@@ -57,6 +57,9 @@ class EngineServer:
         self._futures: dict[str, tuple[asyncio.Future[RequestOutput], float]] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        # (prefill chunks as (tokens, start), decode contexts, seconds) of every iteration,
+        # once ``log_iterations(True)``: what the simulator's cost model is checked against.
+        self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
 
     # -- turns ----------------------------------------------------------------------
     async def run_turn(self, turn: TurnRequest) -> TurnOutput:
@@ -96,6 +99,23 @@ class EngineServer:
 
     async def ping(self) -> str:
         return self.worker_id
+
+    async def log_iterations(self, enabled: bool = True) -> list:
+        """Start (or stop) logging iteration shapes and seconds; returns the log so far."""
+        log, self._iteration_log = self._iteration_log or [], [] if enabled else None
+
+        def record(out, seconds: float) -> None:
+            if self._iteration_log is not None:
+                self._iteration_log.append(
+                    (
+                        [(c.num_tokens, c.start) for c in out.prefills],
+                        [seq.num_tokens for seq in out.decodes],
+                        seconds,
+                    )
+                )
+
+        self.engine.on_iteration = record if enabled else None
+        return log
 
     async def profile(self, grid: str = "default", repeats: int = 5, clock: str = "wall") -> list:
         """Calibration samples of this worker's own engine, timed where it really runs."""

@@ -152,12 +152,15 @@ async def _live_workers(deployment: Deployment, model, engine: dict[str, Any]):
     return workers
 
 
-def run_live_case(case: FidelityCase, model, engine: dict[str, Any], vocab: int) -> BatchResult:
+def run_live_case(
+    case: FidelityCase, model, engine: dict[str, Any], vocab: int
+) -> tuple[BatchResult, list]:
+    """The case on live workers; also every worker's iteration log (shapes and seconds)."""
     from pearl.live.worker import LiveKVMover
 
     deployment = Deployment.parse(case.deployment)
 
-    async def main() -> BatchResult:
+    async def main() -> tuple[BatchResult, list]:
         workers = await _live_workers(deployment, model, engine)
         router = Router(LiveKVMover())
         if deployment.colocated:
@@ -167,14 +170,33 @@ def run_live_case(case: FidelityCase, model, engine: dict[str, Any], vocab: int)
                 prefill=workers[: deployment.prefill], decode=workers[deployment.prefill :]
             )
         try:
-            return await run_rollout_batch(
+            await asyncio.gather(*(w.actor.log_iterations.remote(True) for w in workers))
+            result = await run_rollout_batch(
                 case.batch(), router, AsyncioClock(), AgentLoopConfig(vocab)
             )
+            logs = await asyncio.gather(*(w.actor.log_iterations.remote(False) for w in workers))
+            return result, [it for log in logs for it in log]
         finally:
             for w in workers:
                 w.kill()
 
     return asyncio.run(main())
+
+
+def iteration_check(cost: CostModel, log: list) -> dict[str, float]:
+    """Live iterations against the cost model's prediction for the same batch shapes:
+    total measured / total predicted seconds, the median per-iteration ratio, and the
+    seconds the engines were busy."""
+    if not log:
+        return {"time_ratio": 1.0, "median_ratio": 1.0, "busy_s": 0.0}
+    measured = [seconds for _, _, seconds in log]
+    predicted = [cost.iteration_time(prefills, decodes) for prefills, decodes, _ in log]
+    ratios = [m / p for m, p in zip(measured, predicted, strict=True) if p > 0]
+    return {
+        "time_ratio": sum(measured) / max(1e-12, sum(predicted)),
+        "median_ratio": statistics.median(ratios) if ratios else 1.0,
+        "busy_s": sum(measured),
+    }
 
 
 def measure_transfer(model, engine: dict[str, Any], sizes=(64, 512, 2048)) -> tuple[float, float]:
@@ -266,7 +288,8 @@ def compare(
     results = []
     for case in cases:
         t0 = time.perf_counter()
-        live = run_live_case(case, model, engine, vocab)
+        live, iterations = run_live_case(case, model, engine, vocab)
+        check = iteration_check(cost, iterations)
         sim = run_sim_case(case, cost, engine, vocab, latency, overhead)
         live_turns = {
             (t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)
@@ -296,5 +319,9 @@ def compare(
             f"{case.name:32s} live {row['live_makespan_s']:7.2f}s  sim {row['sim_makespan_s']:7.2f}s  "
             f"makespan err {100 * row['makespan_error']:+6.1f}%  median |turn err| "
             f"{100 * row['median_abs_turn_error']:5.1f}%   ({time.perf_counter() - t0:.0f}s)"
+        )
+        log(
+            f"{'':32s} live iterations: {len(iterations)}, {check['busy_s']:.2f} s busy, "
+            f"{check['time_ratio']:.2f}x the profile's prediction (median {check['median_ratio']:.2f}x)"
         )
     return results
