@@ -68,6 +68,29 @@ def test_engine_server_serves_turns_between_iterations():
     assert held == 5 + 7  # prompt plus all but the last sampled token
 
 
+def test_engine_server_logs_iteration_shapes_the_cost_model_can_price():
+    async def main():
+        server = EngineServer("w0", ModelSpec(config=MODEL), ENGINE)
+        await server.log_iterations(True)
+        turns = [
+            TurnRequest(f"r{i}", f"s{i}", list(range(1, 40)), 5, temperature=0) for i in range(2)
+        ]
+        await asyncio.gather(*(server.run_turn(t) for t in turns))
+        log = await server.log_iterations(False)
+        stats = await server.stats()
+        return log, stats
+
+    log, stats = asyncio.run(main())
+    assert len(log) == stats["iterations"]
+    prefilled = sum(n for prefills, _, _ in log for n, _ in prefills)
+    decoded = sum(len(decodes) for _, decodes, _ in log)
+    assert prefilled == stats["prefill_tokens"] == 2 * 39
+    assert decoded == stats["decode_tokens"] == 2 * 4  # the first token comes with the prefill
+    assert all(seconds > 0 for _, _, seconds in log)
+    # Chunked prefill: a 64-token budget cannot hold both 39-token prompts in one iteration.
+    assert sum(n for n, _ in log[0][0]) == 64 and any(start > 0 for n, start in log[1][0])
+
+
 @pytest.fixture(scope="module")
 def ray_runtime():
     ray = pytest.importorskip("ray")
