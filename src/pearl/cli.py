@@ -93,6 +93,11 @@ def calibrate(
     ),
     cases: str = typer.Option("all", help="fidelity cases: all, or a comma list of indices (0-5)"),
     results: str = typer.Option("results/fidelity.json", help="where to write the fidelity table"),
+    load_matched: bool = typer.Option(
+        True,
+        help="fidelity: fit once per deployment size (that many workers profiling at once) "
+        "and simulate each case with the fit for its size",
+    ),
 ) -> None:
     """Fit the cost model to this machine's engine; measure the simulator against live runs."""
     import json
@@ -124,7 +129,7 @@ def calibrate(
     )
     # Fidelity refits inside a live worker process (wall clock, as deployed) and measures the
     # per-turn overhead outside the engine; the in-process profile above is for users' runs.
-    rows = [r.row() for r in fid.compare(None, chosen)]
+    rows = [r.row() for r in fid.compare(None, chosen, load_matched=load_matched)]
     errors = [abs(r["makespan_error"]) for r in rows]
     print(
         f"median |makespan error| over {len(rows)} cases: {100 * statistics.median(errors):.1f}% (target 10%)"
@@ -133,6 +138,7 @@ def calibrate(
     payload = {
         "profile": out,
         "fit": report.to_dict(),
+        "load_matched": load_matched,
         "cases": rows,
         "median_abs_makespan_error": statistics.median(errors),
     }

@@ -230,14 +230,26 @@ def measure_transfer(model, engine: dict[str, Any], sizes=(64, 512, 2048)) -> tu
     return latency, 1.0 / slope
 
 
-def calibrate_in_worker(model, engine: dict[str, Any], grid: str = "default", repeats: int = 5):
-    """Fit a profile from iterations timed inside a live worker process (wall clock), and
-    measure the per-turn overhead outside the engine (RPC and driver), median of 20 turns."""
+def calibrate_in_worker(
+    model,
+    engine: dict[str, Any],
+    grid: str = "default",
+    repeats: int = 5,
+    concurrent: int = 1,
+):
+    """Fit a profile from iterations timed inside live worker processes (wall clock), with
+    ``concurrent`` workers profiling at once (the host's load in a deployment of that many
+    workers), and measure the per-turn overhead outside the engine (RPC and driver),
+    median of 20 turns on one worker."""
     from pearl.sim.calibrate import fit_profile
 
     async def main():
-        (worker,) = await _live_workers(Deployment(colocated=1), model, engine)
-        samples = await worker.actor.profile.remote(grid, repeats, "wall")
+        workers = await _live_workers(Deployment(colocated=concurrent), model, engine)
+        batches = await asyncio.gather(
+            *(w.actor.profile.remote(grid, repeats, "wall") for w in workers)
+        )
+        samples = [s for batch in batches for s in batch]
+        worker = workers[0]
         overheads = []
         for i in range(20):
             before = await worker.stats()
@@ -249,7 +261,8 @@ def calibrate_in_worker(model, engine: dict[str, Any], grid: str = "default", re
                 before["model_time"] + before["scheduler_time"]
             )
             overheads.append(max(0.0, elapsed - busy))
-        worker.kill()
+        for w in workers:
+            w.kill()
         return samples, statistics.median(overheads)
 
     samples, overhead = asyncio.run(main())
@@ -264,30 +277,48 @@ def compare(
     model_config: dict[str, Any] = CALIBRATION_MODEL,
     engine: dict[str, Any] = CALIBRATION_ENGINE,
     log: Callable[[str], None] = print,
+    load_matched: bool = True,
 ) -> list[CaseResult]:
-    """Run every case live and simulated; return the per-case comparison."""
+    """Run every case live and simulated; return the per-case comparison.
+
+    With ``profile`` None the cost model is fitted here, inside worker processes; with
+    ``load_matched`` once per deployment size (n workers profiling at once), and each
+    case is simulated with the fit for its number of workers: on a shared host the
+    engines' speed depends on how many run side by side, as it would not on GPUs.
+    """
     from pearl.live.server import ModelSpec
     from pearl.live.worker import ensure_ray
 
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
+    sizes = sorted({Deployment.parse(c.deployment).num_workers for c in cases})
+    profiles: dict[int, Profile] = {}
     if profile is None:
-        profile, report, overhead = calibrate_in_worker(model, engine)
-        log("fit inside a worker process (wall clock):")
-        log(report.table())
+        for n in sizes if load_matched else [1]:
+            fitted, report, measured = calibrate_in_worker(model, engine, concurrent=n)
+            if n == min(sizes) or not load_matched:
+                overhead = measured
+            profiles[n] = fitted
+            log(f"fit inside {n} worker process(es) profiling at once (wall clock):")
+            log(report.table())
     else:
+        profiles[1] = profile
         overhead = 0.0
     log(f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms")
     latency, bandwidth = measure_transfer(model, engine)
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
-    gpu = dataclasses.replace(
-        profile.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
-    )
-    cost = sim_cost(dataclasses.replace(profile, gpu=gpu), model_config)
+    costs = {}
+    for n, fitted in profiles.items():
+        gpu = dataclasses.replace(
+            fitted.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
+        )
+        costs[n] = sim_cost(dataclasses.replace(fitted, gpu=gpu), model_config)
     results = []
     for case in cases:
         t0 = time.perf_counter()
+        n = Deployment.parse(case.deployment).num_workers
+        cost = costs.get(n, costs[min(costs)])
         live, iterations = run_live_case(case, model, engine, vocab)
         check = iteration_check(cost, iterations)
         sim = run_sim_case(case, cost, engine, vocab, latency, overhead)
