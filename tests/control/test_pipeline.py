@@ -1,5 +1,7 @@
 """Asynchronous GRPO pipeline with bounded staleness, in the simulated world."""
 
+import asyncio
+
 import pytest
 
 from pearl.control.agent_loop import AgentLoopConfig
@@ -101,3 +103,20 @@ def test_weight_sync_reaches_the_workers_and_tags_turns():
     records, _, _ = run_pipeline(steps=3, staleness=0)
     # Without staleness, batch i runs entirely on the weights of step i - 1 (version i).
     assert [rec.weight_versions for rec in records] == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_weight_sync_skips_workers_that_already_have_the_version():
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+
+    async def main():
+        a, b = SimulatedWorker("a", cost), SimulatedWorker("b", cost)
+        await a.sync_weights(3, 5.0)  # e.g. restored the newest snapshot when borrowed
+        t0 = asyncio.get_running_loop().time()
+        await WeightSync(lambda: [a, b], lambda n: 10.0 * n).sync(3)
+        elapsed = asyncio.get_running_loop().time() - t0
+        a.close(), b.close()
+        return elapsed, a.requested_version, b.requested_version
+
+    elapsed, va, vb = run_virtual(main)[0]
+    assert (va, vb) == (3, 3)
+    assert elapsed == 10.0  # one receiver (b), not two

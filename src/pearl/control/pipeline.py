@@ -76,7 +76,9 @@ class WeightSync:
         self.syncs = 0
 
     async def sync(self, version: int) -> None:
-        receivers = self.workers()
+        # Workers that already have (or are installing) this version are skipped, e.g.
+        # borrowed workers that restored the newest snapshot when they were activated.
+        receivers = [w for w in self.workers() if getattr(w, "requested_version", None) != version]
         if receivers:
             seconds = self.seconds(len(receivers))
             await asyncio.gather(*(w.sync_weights(version, seconds) for w in receivers))

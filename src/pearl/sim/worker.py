@@ -90,6 +90,7 @@ class SimulatedWorker:
         self.config = config or SimEngineConfig()
         self.vocab_size = vocab_size
         self.weight_version = weight_version
+        self.requested_version = weight_version  # the newest version asked for (maybe pending)
         self.counters = WorkerCounters()
         self._on_iteration = on_iteration
         cfg = self.config
@@ -182,6 +183,8 @@ class SimulatedWorker:
     async def sync_weights(self, version: int, seconds: float) -> None:
         """Install weights ``version``: the engine pauses ``seconds`` between two iterations
         (in-flight sequences continue afterwards under the new version)."""
+
+        self.requested_version = version
 
         def apply() -> None:
             self._pause_s += seconds
