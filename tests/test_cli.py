@@ -54,6 +54,8 @@ def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
     assert any(e["kind"] == "roles" for e in events)
     assert any(e["kind"] == "start" for e in events)
     assert any(e["kind"] == "budget" for e in events)
+    assert (run / "throughput_1_segment2.svg").read_text().count("<polyline") == 3
+    assert (run / "roles_1_segment2_pearl.svg").exists()
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["throughput_tokens_per_s"]["segment2"]) == {"roll", "rlboost", "pearl"}
 

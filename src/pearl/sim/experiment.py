@@ -21,6 +21,7 @@ from pearl.control.decision import DecisionConfig
 from pearl.control.policies import get_policy
 from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
+from pearl.report.svg import Chart, Series, render
 from pearl.sim.rl import RLSetting, run_policy
 from pearl.sim.worker import SimEngineConfig
 from pearl.workloads.agentic import get_profile
@@ -152,6 +153,8 @@ def run_experiment(
             run.event({**tag, "kind": "budget", "t": t, "rollout_gpus": gpus})
     table = throughput_table(runs, cfg.policies, cfg.elastic.segments)
     (run.path / "table.md").write_text(table + "\n")
+    for name, chart in charts(runs, cfg.elastic.segments).items():
+        (run.path / name).write_text(render(chart))
     wall = time.perf_counter() - start
     run.summary(
         {
@@ -183,6 +186,44 @@ def _report(r: dict, log: Callable[[str], None]) -> dict:
         f"{c['role_switches']:>3}  ({r['wall_s']:.1f} s)"
     )
     return r
+
+
+def charts(runs: list[dict], segments: list[str]) -> dict[str, Chart]:
+    """Per segment: per-step throughput of every policy over time with the rollout-GPU
+    budget behind it; and the role timeline of the last PEARL-family run."""
+    out: dict[str, Chart] = {}
+    for k, seg in enumerate(segments):
+        here = [r for r in runs if r["segment"] == seg]
+        chart = Chart(
+            f"{seg}: per-step throughput",
+            "time (s)",
+            "tokens/s per step",
+            "rollout GPUs (trace budget)",
+        )
+        for r in here:
+            pts = [(row["time_s"], row["performance/tokens_per_sec"]) for row in r["rows"]]
+            chart.series.append(Series(r["policy"], pts))
+        elastic = [r for r in here if len({g for _, g in r["rollout_gpus"]}) > 1]
+        if elastic:
+            budget = [(t, float(g)) for t, g in elastic[0]["rollout_gpus"]]
+            chart.series.append(
+                Series("rollout GPUs", budget, step=True, right_axis=True, dashed=True)
+            )
+        out[f"throughput_{k + 1}_{_slug(seg)}.svg"] = chart
+        family = [r for r in here if r["policy"].startswith("pearl")]
+        if family:
+            r = family[-1]
+            roles = sorted({key for e in r["timeline"] for key in e if key != "t"})
+            timeline = Chart(f"{seg}: worker roles under {r['policy']}", "time (s)", "workers")
+            for key in roles:
+                pts = [(e["t"], float(e.get(key, 0))) for e in r["timeline"]]
+                timeline.series.append(Series(key.replace("_", " "), pts, step=True))
+            out[f"roles_{k + 1}_{_slug(seg)}_{r['policy']}.svg"] = timeline
+    return out
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(text).stem)[:40]
 
 
 def throughput_table(runs: list[dict], policies: list[str], segments: list[str]) -> str:
