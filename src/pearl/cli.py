@@ -93,10 +93,10 @@ def calibrate(
     ),
     cases: str = typer.Option("all", help="fidelity cases: all, or a comma list of indices (0-5)"),
     results: str = typer.Option("results/fidelity.json", help="where to write the fidelity table"),
-    load_matched: bool = typer.Option(
-        True,
-        help="fidelity: fit once per deployment size (that many workers profiling at once) "
-        "and simulate each case with the fit for its size",
+    calibration: str = typer.Option(
+        "in-situ",
+        help="fidelity fit: in-situ (iterations of held-out live runs per deployment size), "
+        "grid (the grid in one worker) or grid-load (the grid in n workers at once)",
     ),
 ) -> None:
     """Fit the cost model to this machine's engine; measure the simulator against live runs."""
@@ -107,6 +107,14 @@ def calibrate(
     from pearl.errors import PearlError
     from pearl.sim.calibrate import run_calibrate
 
+    from pearl.sim.fidelity import CALIBRATIONS
+
+    if calibration not in CALIBRATIONS:
+        typer.echo(
+            f"error: --calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}",
+            err=True,
+        )
+        raise typer.Exit(code=2)
     try:
         report = run_calibrate(model, out, grid, repeats=repeats)
     except (PearlError, ValueError) as exc:
@@ -129,7 +137,7 @@ def calibrate(
     )
     # Fidelity refits inside a live worker process (wall clock, as deployed) and measures the
     # per-turn overhead outside the engine; the in-process profile above is for users' runs.
-    rows = [r.row() for r in fid.compare(None, chosen, load_matched=load_matched)]
+    rows = [r.row() for r in fid.compare(None, chosen, calibration=calibration)]
     errors = [abs(r["makespan_error"]) for r in rows]
     print(
         f"median |makespan error| over {len(rows)} cases: {100 * statistics.median(errors):.1f}% (target 10%)"
@@ -138,7 +146,7 @@ def calibrate(
     payload = {
         "profile": out,
         "fit": report.to_dict(),
-        "load_matched": load_matched,
+        "calibration": calibration,
         "cases": rows,
         "median_abs_makespan_error": statistics.median(errors),
     }

@@ -268,7 +268,45 @@ def calibrate_in_worker(
     samples, overhead = asyncio.run(main())
     shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
     profile, report = fit_profile(samples, shape, clock="wall")
-    return profile, report, overhead
+    return profile, report, overhead, samples
+
+
+# In-situ calibration: live runs of these workloads (seed CALIBRATION_SEED, which no case
+# uses) on colocated workers; every iteration they run becomes a fitting sample.
+CALIBRATION_WORKLOADS = (("swe-cpu", 2, 4), ("game", 1, 8))
+CALIBRATION_SEED = 100
+MAX_FIT_SAMPLES = 800
+
+
+def calibrate_in_situ(
+    model, engine: dict[str, Any], vocab: int, num_workers: int, grid_samples: list
+):
+    """Fit a profile from the iterations live engines ran in held-out multi-turn workloads on
+    ``num_workers`` colocated workers (as deployed: the driver, Ray and the other engine
+    share the host), plus the grid samples for shapes those runs did not visit."""
+    from pearl.sim.calibrate import Sample, fit_profile
+
+    samples = []
+    for workload, tasks, group in CALIBRATION_WORKLOADS:
+        case = FidelityCase(
+            f"calibration {workload}",
+            workload,
+            tasks,
+            group,
+            f"{num_workers}C",
+            seed=CALIBRATION_SEED,
+        )
+        _, log = run_live_case(case, model, engine, vocab)
+        samples += [
+            Sample(tuple(tuple(c) for c in prefills), tuple(decodes), seconds)
+            for prefills, decodes, seconds in log
+        ]
+    stride = max(1, len(samples) // MAX_FIT_SAMPLES)
+    shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
+    return fit_profile(list(grid_samples) + samples[::stride], shape, clock="wall")
+
+
+CALIBRATIONS = ("in-situ", "grid", "grid-load")
 
 
 def compare(
@@ -277,34 +315,46 @@ def compare(
     model_config: dict[str, Any] = CALIBRATION_MODEL,
     engine: dict[str, Any] = CALIBRATION_ENGINE,
     log: Callable[[str], None] = print,
-    load_matched: bool = True,
+    calibration: str = "in-situ",
 ) -> list[CaseResult]:
     """Run every case live and simulated; return the per-case comparison.
 
-    With ``profile`` None the cost model is fitted here, inside worker processes; with
-    ``load_matched`` once per deployment size (n workers profiling at once), and each
-    case is simulated with the fit for its number of workers: on a shared host the
-    engines' speed depends on how many run side by side, as it would not on GPUs.
+    With ``profile`` None the cost model is fitted here, inside worker processes:
+    ``grid`` from the calibration grid timed in one worker; ``grid-load`` from the grid
+    timed in n workers at once, one fit per deployment size n; ``in-situ`` (default) per
+    deployment size n from the iterations of held-out live runs on n colocated workers
+    (plus the grid). Each case is simulated with the fit for its number of workers.
     """
     from pearl.live.server import ModelSpec
     from pearl.live.worker import ensure_ray
 
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}")
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
     sizes = sorted({Deployment.parse(c.deployment).num_workers for c in cases})
     profiles: dict[int, Profile] = {}
+    overhead = 0.0
     if profile is None:
-        for n in sizes if load_matched else [1]:
-            fitted, report, measured = calibrate_in_worker(model, engine, concurrent=n)
-            if n == min(sizes) or not load_matched:
-                overhead = measured
+        fitted, report, overhead, grid_samples = calibrate_in_worker(model, engine)
+        profiles[1] = fitted
+        log("fit from the grid inside one worker process (wall clock):")
+        log(report.table())
+        for n in sizes if calibration != "grid" else []:
+            if calibration == "grid-load":
+                if n == 1:
+                    continue
+                fitted, report, _, _ = calibrate_in_worker(model, engine, concurrent=n)
+                what = f"the grid timed in {n} workers at once"
+            else:
+                fitted, report = calibrate_in_situ(model, engine, vocab, n, grid_samples)
+                what = f"held-out live runs on {n} colocated worker(s) plus the grid"
             profiles[n] = fitted
-            log(f"fit inside {n} worker process(es) profiling at once (wall clock):")
+            log(f"fit from {what} (wall clock):")
             log(report.table())
     else:
         profiles[1] = profile
-        overhead = 0.0
     log(f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms")
     latency, bandwidth = measure_transfer(model, engine)
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
