@@ -106,7 +106,6 @@ def calibrate(
 
     from pearl.errors import PearlError
     from pearl.sim.calibrate import run_calibrate
-
     from pearl.sim.fidelity import CALIBRATIONS
 
     if calibration not in CALIBRATIONS:

@@ -111,6 +111,7 @@ def run_sim_case(
     vocab: int,
     link_latency_s: float,
     request_overhead_s: float = 0.0,
+    rpc_overhead_s: float = 0.0,
 ):
     cfg = SimEngineConfig(
         num_kv_blocks=engine["num_kv_blocks"],
@@ -119,6 +120,7 @@ def run_sim_case(
         max_num_seqs=engine["max_num_seqs"],
         max_model_len=CALIBRATION_MODEL["max_position_embeddings"],
         request_overhead_s=request_overhead_s,
+        rpc_overhead_s=rpc_overhead_s,
     )
     report = simulate_fixed_rollout(
         case.batch(),
@@ -261,14 +263,19 @@ def calibrate_in_worker(
                 before["model_time"] + before["scheduler_time"]
             )
             overheads.append(max(0.0, elapsed - busy))
+        rpcs = []
+        for i in range(20):
+            t0 = time.monotonic()
+            await worker.session_length(f"probe{i}")
+            rpcs.append(time.monotonic() - t0)
         for w in workers:
             w.kill()
-        return samples, statistics.median(overheads)
+        return samples, statistics.median(overheads), statistics.median(rpcs)
 
-    samples, overhead = asyncio.run(main())
+    samples, overhead, rpc = asyncio.run(main())
     shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
     profile, report = fit_profile(samples, shape, clock="wall")
-    return profile, report, overhead, samples
+    return profile, report, (overhead, rpc), samples
 
 
 # In-situ calibration: live runs of these workloads (seed CALIBRATION_SEED, which no case
@@ -335,9 +342,9 @@ def compare(
     vocab = model_config["vocab_size"]
     sizes = sorted({Deployment.parse(c.deployment).num_workers for c in cases})
     profiles: dict[int, Profile] = {}
-    overhead = 0.0
+    overhead = rpc = 0.0
     if profile is None:
-        fitted, report, overhead, grid_samples = calibrate_in_worker(model, engine)
+        fitted, report, (overhead, rpc), grid_samples = calibrate_in_worker(model, engine)
         profiles[1] = fitted
         log("fit from the grid inside one worker process (wall clock):")
         log(report.table())
@@ -355,7 +362,10 @@ def compare(
             log(report.table())
     else:
         profiles[1] = profile
-    log(f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms")
+    log(
+        f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker calls "
+        f"(session_length, release_session): {rpc * 1e3:.2f} ms"
+    )
     latency, bandwidth = measure_transfer(model, engine)
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
     costs = {}
@@ -371,7 +381,7 @@ def compare(
         cost = costs.get(n, costs[min(costs)])
         live, iterations = run_live_case(case, model, engine, vocab)
         check = iteration_check(cost, iterations)
-        sim = run_sim_case(case, cost, engine, vocab, latency, overhead)
+        sim = run_sim_case(case, cost, engine, vocab, latency, overhead, rpc)
         live_turns = {
             (t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)
         }

@@ -54,6 +54,9 @@ class SimEngineConfig:
     # Per-turn cost outside the engine (RPC to the worker, driver bookkeeping), paid before
     # the turn reaches the scheduler; 0 for an ideal in-process worker.
     request_overhead_s: float = 0.0
+    # Round trip of a call that does not wait for the engine (session_length,
+    # release_session) through the world's RPC layer; 0 in-process.
+    rpc_overhead_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -133,9 +136,13 @@ class SimulatedWorker:
         return await self._run_turn(turn, pin=True)
 
     async def session_length(self, session_id: str) -> int:
+        if self.config.rpc_overhead_s:
+            await asyncio.sleep(self.config.rpc_overhead_s)
         return self.scheduler.session_length(session_id)
 
     async def release_session(self, session_id: str) -> None:
+        if self.config.rpc_overhead_s:
+            await asyncio.sleep(self.config.rpc_overhead_s)
         await self._command(lambda: self.scheduler.release_session(session_id))
 
     async def import_kv(self, session_id: str, token_ids: list[int], start: int, end: int) -> int:
