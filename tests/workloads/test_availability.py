@@ -217,4 +217,6 @@ def test_synthetic_change_rate_and_seed_sensitivity():
     fixed = synthetic_availability(SyntheticAvailability(initial=7), seed=5)
     assert fixed.values[0] == 7
     with pytest.raises(ConfigError, match="high_level"):
-        SyntheticAvailability(max_available=8, high_level=10)
+        SyntheticAvailability(max_available=8, high_level=10, model=ChangeModel.TWO_LEVEL)
+    # The levels only matter to the two-level model; other models ignore them.
+    SyntheticAvailability(max_available=8, high_level=10, model=ChangeModel.JUMP)
