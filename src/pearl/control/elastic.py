@@ -14,6 +14,7 @@ the decision model and the roles are re-decided (hysteresis keeps small gains ou
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -68,7 +69,7 @@ class RoleDecider:
             return Topology.split(*self.policy.static_counts(n))
         if self.tracker is None or self.tracker.steps == 0:
             return Topology.colocation(n)  # nothing measured yet: the safe mode
-        now = Topology.from_counts(_count(current.values()))
+        now = Topology.from_counts(Counter(current.values()))
         decision = decide(self.tracker.params, n, now if now.is_valid else None, self.config)
         self.log({"kind": "decision", "workers": n, "current": now.label, **decision.to_dict()})
         return decision.target
@@ -78,13 +79,6 @@ class RoleDecider:
         if self.tracker is None or self.tracker.steps == 0 or n < 1:
             return None
         return decide(self.tracker.params, n, None, self.config).best.makespan_s
-
-
-def _count(roles) -> dict[WorkerRole, int]:
-    out: dict[WorkerRole, int] = {}
-    for r in roles:
-        out[r] = out.get(r, 0) + 1
-    return out
 
 
 class ElasticScheduler:
@@ -189,6 +183,7 @@ class ElasticScheduler:
             {
                 "kind": "availability",
                 "preemptible_gpus": preemptible_gpus,
+                "budget_gpus": self.budget_gpus,
                 "leaving": leaving,
                 "joining": joining,
             }

@@ -10,6 +10,7 @@ then the training GPUs, whose TP groups form the overlap zone that can be borrow
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -258,10 +259,7 @@ def run_policy(
     nodes = math.ceil((training_base + setting.training_gpus) / gpn)
     network = Network.for_gpu(gpu, nodes)
     blocks = max(2, cost.kv_capacity_tokens() // setting.engine.block_size)
-    engine = SimEngineConfig(
-        **{f: getattr(setting.engine, f) for f in setting.engine.__dataclass_fields__}
-    )
-    engine.num_kv_blocks = blocks
+    engine = dataclasses.replace(setting.engine, num_kv_blocks=blocks)
     vocab = cost.model.vocab_size
     lat = cost.worker_latencies()
 
@@ -359,8 +357,10 @@ def run_policy(
         t0 = loop.time()  # reset once the initial workers are up
 
         def log(event: dict) -> None:
-            t = max(0.0, event.get("t", loop.time()) - t0)
-            events.append({**event, "t": round(t, 6)})
+            t = round(max(0.0, event.get("t", loop.time()) - t0), 6)
+            events.append({**event, "t": t})
+            if event["kind"] == "availability" and t > 0:  # the budget behind each step
+                rollout_gpus.append((t, reserved_workers * tp + event["budget_gpus"]))
 
         if decider is None:
             role_decider = RoleDecider(policy, tracker, setting.decision, log)
@@ -387,17 +387,7 @@ def run_policy(
         t0 = loop.time()
         factory.prepare_s, rebuilder.finalize_s = lat.prepare_s, lat.finalize_s
 
-        def budget_now() -> int:
-            return (reserved_workers * tp) + (elastic.budget_gpus if preemptible else 0)
-
-        rollout_gpus.append((0.0, budget_now()))
-        original = elastic.on_availability
-
-        async def on_availability(gpus: int) -> None:
-            await original(gpus)
-            rollout_gpus.append((round(loop.time() - t0, 6), budget_now()))
-
-        elastic.on_availability = on_availability  # type: ignore[method-assign]
+        rollout_gpus.append((0.0, reserved_workers * tp + elastic.budget_gpus))
 
         profile = setting.profile
         pipeline = PipelineScheduler(
