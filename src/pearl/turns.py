@@ -21,7 +21,10 @@ def engine_request(turn: TurnRequest, pin_session: bool = True) -> Request:
         max_new_tokens=turn.max_new_tokens,
         ignore_eos=turn.ignore_eos,
     )
-    return Request(turn.request_id, list(turn.token_ids), sampling, turn.session_id, pin_session)
+    # No copy here: the engine's Sequence copies the prompt, and a turn's context is never
+    # mutated once sent (the agent loop builds a new list per turn).
+    ids = turn.token_ids if isinstance(turn.token_ids, list) else list(turn.token_ids)
+    return Request(turn.request_id, ids, sampling, turn.session_id, pin_session)
 
 
 def turn_output(

@@ -69,10 +69,12 @@ async def run_trajectory(
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
     context: list[int] = []
+    kept_response: list[int] = []  # the previous response's tokens the context keeps
     kept_before = 0
     for k, turn in enumerate(trajectory.turns):
         observation = observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
-        context = context + observation
+        # A new list per turn (one copy): the previous request may still hold the old one.
+        context = [*context, *kept_response, *observation]
         result.appended_tokens.append(len(observation))
         result.kept_tokens.append(kept_before)
         request = TurnRequest(
@@ -89,12 +91,12 @@ async def run_trajectory(
         if on_turn is not None:
             on_turn(result, out)
         kept = turn.response_tokens_kept
-        context = context + (out.token_ids[len(out.token_ids) - kept :] if kept else [])
+        kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
         kept_before = kept
         env_start = clock.now()
         await clock.sleep(turn.env_latency_s)
         result.env_s.append(clock.now() - env_start)
-    result.context_tokens = len(context)
+    result.context_tokens = len(context) + len(kept_response)
     env_start = clock.now()
     await router.end_session(sid)
     await clock.sleep(trajectory.reward_latency_s)

@@ -120,10 +120,23 @@ class BlockManager:
         """Grow ``seq.block_table`` to cover ``num_tokens`` tokens, or raise ``OutOfBlocks``
         without changing anything."""
         need = self.blocks_needed(seq, num_tokens)
+        if need == 0:
+            return
         if need > self.num_free_blocks:
             raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
-        for _ in range(need):
-            seq.block_table.append(self._pop_free())
+        # In bulk (this is hot in the simulator): never-cached blocks first, top of the
+        # stack first, then the least recently used evictable ones.
+        free, ref, table = self._free, self._ref, seq.block_table
+        take = min(need, len(free))
+        if take:
+            got = free[len(free) - take :]
+            del free[len(free) - take :]
+            got.reverse()
+            for block_id in got:
+                ref[block_id] = 1
+            table.extend(got)
+        for _ in range(need - take):
+            table.append(self._pop_free())
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""

@@ -184,9 +184,12 @@ class Scheduler:
         if pinned is None:
             return 0
         n = pinned.num_computed_tokens
-        if n < seq.num_tokens and seq.token_ids[:n] == pinned.token_ids[:n]:
-            return n
-        return 0
+        if n >= seq.num_tokens:
+            return 0
+        held = pinned.token_ids
+        if len(held) != n:  # a sampled token whose KV was never computed is not held
+            held = held[:n]
+        return n if seq.token_ids[:n] == held else 0
 
     # -- scheduling ---------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> SchedulerOutput:

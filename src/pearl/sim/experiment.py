@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.decision import DecisionConfig
-from pearl.control.policies import get_policy
+from pearl.control.policies import PDMode, get_policy
 from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.report.svg import Chart, Series, render
@@ -136,8 +136,11 @@ def run_experiment(
             results[(p, s)] = _report(run_one(cfg_json, p, s), log)
     else:
         ctx = multiprocessing.get_context("spawn")
+        # Longest runs first so the last process is not left alone with one: a fixed P:D
+        # split keeps every turn on the PD path (~2x the simulated events per turn).
+        order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
         with cf.ProcessPoolExecutor(min(cfg.processes, len(jobs)), mp_context=ctx) as pool:
-            futures = {pool.submit(run_one, cfg_json, p, s): (p, s) for p, s in jobs}
+            futures = {pool.submit(run_one, cfg_json, p, s): (p, s) for p, s in order}
             for fut in cf.as_completed(futures):
                 results[futures[fut]] = _report(fut.result(), log)
     runs = [results[j] for j in jobs]  # config order, whatever order they finished in

@@ -4,7 +4,6 @@ deployment (N colocated workers or an N_P:N_D split) running rollout batches."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import math
 import time
 from collections.abc import Sequence
@@ -14,7 +13,7 @@ from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.interfaces import AsyncioClock, RolloutWorker, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
-from pearl.sim.clock import VirtualTimeLoop
+from pearl.sim.clock import VirtualTimeLoop, sparse_gc
 from pearl.sim.costmodel import CostModel
 from pearl.sim.network import Network
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
@@ -211,20 +210,14 @@ def simulate_fixed_rollout(
             batch, router, AsyncioClock(), AgentLoopConfig(vocab_size, token_seed)
         )
 
-    gc_was_enabled = gc.isenabled()
-    # The simulator keeps ~10^5 long-lived small objects (token tuples of cached blocks);
-    # cyclic GC passes over them cost ~30% of the run, so collect once at the end instead.
-    gc.disable()
     try:
-        result = loop.run_until_complete(main())
+        with sparse_gc():
+            result = loop.run_until_complete(main())
     finally:
         cluster.close()
         # Let cancelled engine loops unwind before the loop closes.
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
-        if gc_was_enabled:
-            gc.enable()
-            gc.collect()
     wall = time.perf_counter() - wall0
     turns = [o for t in result.trajectories for o in t.turns]
     return FixedRolloutReport(
