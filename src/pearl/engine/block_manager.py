@@ -135,21 +135,39 @@ class BlockManager:
             for block_id in got:
                 ref[block_id] = 1
             table.extend(got)
-        for _ in range(need - take):
-            table.append(self._pop_free())
+        if need > take:
+            evictable, hashes, tokens, by_hash = (
+                self._evictable,
+                self._hash,
+                self._tokens,
+                self._by_hash,
+            )
+            for _ in range(need - take):  # _pop_free's eviction path, inlined
+                block_id, _ = evictable.popitem(last=False)
+                h = hashes[block_id]
+                if by_hash.get(h) == block_id:
+                    del by_hash[h]
+                hashes[block_id] = NO_HASH
+                tokens[block_id] = ()
+                ref[block_id] = 1
+                table.append(block_id)
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
-        ref = self._ref
+        ref, hashes, by_hash = self._ref, self._hash, self._by_hash
         for block_id in reversed(block_ids):  # tail blocks are evicted before their prefix
-            ref[block_id] -= 1
-            assert ref[block_id] >= 0, f"block {block_id} freed twice"
-            if ref[block_id] == 0:
-                if self._by_hash.get(self._hash[block_id]) == block_id:
-                    self._evictable[block_id] = None
-                else:
-                    self._reset(block_id)
-                    self._free.append(block_id)
+            left = ref[block_id] - 1
+            ref[block_id] = left
+            if left:
+                assert left > 0, f"block {block_id} freed twice"
+                continue
+            h = hashes[block_id]
+            if h != NO_HASH and by_hash.get(h) == block_id:
+                self._evictable[block_id] = None
+            else:
+                hashes[block_id] = NO_HASH
+                self._tokens[block_id] = ()
+                self._free.append(block_id)
 
     def release(self, seq: Sequence) -> None:
         """Free all of ``seq``'s blocks and forget its KV (``num_computed_tokens`` -> 0)."""

@@ -186,10 +186,16 @@ class Scheduler:
         n = pinned.num_computed_tokens
         if n >= seq.num_tokens:
             return 0
+        hint = seq.attach_hint
+        if hint is not None and hint[0] is pinned and hint[1] == n:
+            return n  # matched before (admission check); a pinned prefix never changes
         held = pinned.token_ids
         if len(held) != n:  # a sampled token whose KV was never computed is not held
             held = held[:n]
-        return n if seq.token_ids[:n] == held else 0
+        if seq.token_ids[:n] != held:
+            return 0
+        seq.attach_hint = (pinned, n)
+        return n
 
     # -- scheduling ---------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> SchedulerOutput:

@@ -142,6 +142,7 @@ class Sequence:
         "telemetry",
         "arrival",
         "weight_version",
+        "attach_hint",
     )
 
     def __init__(self, request: Request, arrival: int, now: float) -> None:
@@ -158,6 +159,8 @@ class Sequence:
         self.telemetry = Telemetry(queued_at=now)
         self.arrival = arrival  # admission order; later arrivals are preempted first
         self.weight_version = 0
+        # (pinned session, its computed tokens) whose KV this sequence was found to extend
+        self.attach_hint: tuple[Sequence, int] | None = None
 
     @property
     def session_id(self) -> str | None:
