@@ -177,6 +177,11 @@ class RLClusterSection(_Section):
 class RLSection(_Section):
     duration_s: float = Field(7200.0, gt=0, description="no rollout batch starts after this")
     max_staleness: int = Field(1, ge=0, description="steps a rollout's weights may lag")
+    overlap_batches: bool = Field(
+        False,
+        description="start a rollout batch as soon as its weights are synced, while earlier "
+        "batches finish (continuous asynchronous generation); false: one batch at a time",
+    )
 
 
 class ElasticSection(_Section):

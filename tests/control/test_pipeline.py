@@ -32,7 +32,7 @@ class Events:
         self.log.append(("finished", step, self.clock.now(), version))
 
 
-def run_pipeline(steps, staleness):
+def run_pipeline(steps, staleness, overlap=False):
     cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
     profile = get_profile("tiny")
 
@@ -54,7 +54,7 @@ def run_pipeline(steps, staleness):
             sync,
             clock,
             AgentLoopConfig(vocab_size=151_936),
-            PipelineConfig(num_steps=steps, max_staleness=staleness),
+            PipelineConfig(num_steps=steps, max_staleness=staleness, overlap_batches=overlap),
             events,
         )
         records = await pipeline.run()
@@ -65,9 +65,10 @@ def run_pipeline(steps, staleness):
     return run_virtual(main)[0]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("staleness", [0, 1, 2])
-def test_every_batch_completes_once_within_the_staleness_bound(staleness):
-    records, log, syncs = run_pipeline(steps=4, staleness=staleness)
+def test_every_batch_completes_once_within_the_staleness_bound(staleness, overlap):
+    records, log, syncs = run_pipeline(steps=4, staleness=staleness, overlap=overlap)
     assert syncs == 4
     for i, rec in enumerate(records):
         batch = generate_batch(get_profile("tiny"), seed=100 + i)
@@ -120,3 +121,18 @@ def test_weight_sync_skips_workers_that_already_have_the_version():
     elapsed, va, vb = run_virtual(main)[0]
     assert (va, vb) == (3, 3)
     assert elapsed == 10.0  # one receiver (b), not two
+
+
+def test_overlapping_batches_start_before_the_previous_batch_finishes():
+    sequential, _, _ = run_pipeline(steps=4, staleness=1)
+    overlapped, _, _ = run_pipeline(steps=4, staleness=1, overlap=True)
+    for i in range(1, 4):  # one batch at a time
+        assert sequential[i].rollout_started >= sequential[i - 1].rollout_finished
+    # Batch i + 1 needs only version i (step i - 1 synced): it starts during batch i's tail.
+    assert any(
+        overlapped[i].rollout_started < overlapped[i - 1].rollout_finished for i in range(1, 4)
+    )
+    for i in range(2, 4):
+        assert overlapped[i].rollout_started >= overlapped[i - 2].sync_finished
+        assert overlapped[i].weight_versions[0] >= i - 1
+    assert overlapped[-1].sync_finished < sequential[-1].sync_finished

@@ -83,11 +83,19 @@ def check_run(result, s):
     model=st.sampled_from(list(ChangeModel)),
     interval=st.floats(10.0, 120.0),
     seed=st.integers(0, 3),
+    overlap=st.booleans(),
 )
 @example(  # found by CI: a batch started once its weights were trained, before they were synced
-    policy="pearl-ungated", trace_seed=320, model=ChangeModel.RANDOM_WALK, interval=21.0, seed=3
+    policy="pearl-ungated",
+    trace_seed=320,
+    model=ChangeModel.RANDOM_WALK,
+    interval=21.0,
+    seed=3,
+    overlap=False,
 )
-def test_invariants_hold_on_random_availability_traces(policy, trace_seed, model, interval, seed):
+def test_invariants_hold_on_random_availability_traces(
+    policy, trace_seed, model, interval, seed, overlap
+):
     """Invariants checked during the run (check_invariants): no turn reaches a worker not
     active in the role it is sent for; training never starts while a borrowed GPU serves.
     After it: every trajectory completes once, no token lost, staleness bounded."""
@@ -102,7 +110,7 @@ def test_invariants_hold_on_random_availability_traces(policy, trace_seed, model
         ),
         seed=trace_seed,
     )
-    s = setting(seed=seed)
+    s = setting(seed=seed, overlap_batches=overlap)
     decider = None
     if policy == "alternating":
         policy, decider = "pearl-ungated", AlternatingDecider(get_policy("pearl-ungated"))

@@ -66,6 +66,7 @@ def build_setting(cfg: RLExperimentConfig) -> RLSetting:
         training_gpus=c.training_gpus,
         duration_s=cfg.rl.duration_s,
         max_staleness=cfg.rl.max_staleness,
+        overlap_batches=cfg.rl.overlap_batches,
         seed=cfg.workload.seed,
         engine=SimEngineConfig(
             block_size=cfg.sim.block_size,

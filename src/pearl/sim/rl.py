@@ -47,6 +47,7 @@ class RLSetting:
     training_gpus: int = 16
     duration_s: float = 7_200.0
     max_staleness: int = 1
+    overlap_batches: bool = False
     seed: int = 0
     engine: SimEngineConfig = field(default_factory=SimEngineConfig)
     decision: DecisionConfig = field(default_factory=DecisionConfig)
@@ -400,6 +401,7 @@ def run_policy(
             PipelineConfig(
                 num_steps=1_000_000,
                 max_staleness=setting.max_staleness,
+                overlap_batches=setting.overlap_batches,
                 deadline_s=setting.duration_s,
             ),
             listener=elastic,
