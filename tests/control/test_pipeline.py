@@ -80,9 +80,10 @@ def test_every_batch_completes_once_within_the_staleness_bound(staleness, overla
         assert rec.train_started >= rec.rollout_finished
         if i:
             assert rec.train_started >= records[i - 1].sync_finished
-    # Training Begin precedes Training Finished for every step, in order.
+    # The trainer idles at the start (Training Finished of step -1); then Training Begin
+    # precedes Training Finished for every step, in order.
     hooks = [(e[0], e[1]) for e in log if e[0] != "rollout"]
-    assert hooks == [(k, i) for i in range(4) for k in ("begin", "finished")]
+    assert hooks == [("finished", -1)] + [(k, i) for i in range(4) for k in ("begin", "finished")]
     # Each step's rollout-finished hook comes before its training begins.
     for i in range(4):
         assert log.index(("rollout", i, records[i].rollout_finished)) < [

@@ -103,6 +103,7 @@ def test_borrowed_workers_serve_between_updates_and_are_back_before_training():
 
 def test_the_gate_can_keep_the_gpus_with_the_trainer():
     records, served, toggle, trainer = run(gate_open=False)
-    assert toggle.rounds == 0 and toggle.skipped_by_gate == 3
+    # Evaluated at the start (the trainer idles until batch 0) and after each of 3 steps.
+    assert toggle.rounds == 0 and toggle.skipped_by_gate == 4
     assert not any(w.startswith("o") for w in served)
     assert trainer.steps == 3

@@ -268,13 +268,18 @@ class ElasticScheduler:
             await self.toggle.borrow(at_admission)
 
     def _gate(self, step: int) -> bool:
-        """``(R/B) * (T_ded - T_full) > T_toggle`` from the refitted model."""
+        """``(R/B) * (T_ded - T_full) > T_toggle`` from the refitted model. Before the first
+        refit nothing can be predicted: borrow only if the window is a whole batch (the
+        start of the run, when the trainer idles until the first batch is rolled out)."""
         n_ded = len(set(self.rebuilder.workers) - set(self.toggle.overlap))
         t_ded = self.decider.best_makespan(n_ded)
         t_full = self.decider.best_makespan(n_ded + len(self.toggle.overlap))
-        if t_ded is None or t_full is None:
-            return False  # no measurements yet
         R, B = self.progress()
+        if t_ded is None or t_full is None:
+            ok = R >= B
+            reason = "no measurements yet"
+            self.log({"kind": "gate", "step": step, "R": R, "B": B, "borrow": ok, "reason": reason})
+            return ok
         lat = self.tracker.toggle_cost_s.value if self.tracker is not None else None
         t_toggle = lat if lat is not None else self.toggle.activate_s + self.toggle.deactivate_s
         ok = borrow_gate(R, B, t_ded, t_full, t_toggle)

@@ -47,7 +47,8 @@ class PipelineConfig:
 
 
 class PipelineListener(Protocol):
-    """Hooks for the Elastic Scheduler."""
+    """Hooks for the Elastic Scheduler. ``on_training_finished`` is also called with step
+    -1 when the pipeline starts: the trainer idles until the first batch is rolled out."""
 
     async def on_rollout_finished(self, step: int, result: BatchResult) -> None: ...
 
@@ -189,6 +190,8 @@ class PipelineScheduler:
             self._changed.notify_all()
 
     async def _train_loop(self, ready: asyncio.Queue[tuple[int, asyncio.Task] | None]) -> None:
+        if self.listener is not None:  # idle until the first batch: its GPUs may be borrowed
+            await self.listener.on_training_finished(-1, self.trainer.weight_version)
         while (item := await ready.get()) is not None:
             i, rollout = item
             await rollout
