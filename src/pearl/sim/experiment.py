@@ -9,7 +9,6 @@ and ``table.md`` (throughput per policy and segment, ratios to ROLL and to RLBoo
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -82,6 +81,10 @@ def build_setting(cfg: RLExperimentConfig) -> RLSetting:
     )
 
 
+def _run_one_job(args: tuple[dict, str, str]) -> dict:
+    return run_one(*args)
+
+
 def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
     """One (policy, segment) run; plain data so it crosses process boundaries."""
     cfg = RLExperimentConfig.model_validate(cfg_json)
@@ -140,10 +143,12 @@ def run_experiment(
         # Longest runs first so the last process is not left alone with one: a fixed P:D
         # split keeps every turn on the PD path (~2x the simulated events per turn).
         order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
-        with cf.ProcessPoolExecutor(min(cfg.processes, len(jobs)), mp_context=ctx) as pool:
-            futures = {pool.submit(run_one, cfg_json, p, s): (p, s) for p, s in order}
-            for fut in cf.as_completed(futures):
-                results[futures[fut]] = _report(fut.result(), log)
+        # A multiprocessing pool, not concurrent.futures: leaving the block on an error or
+        # Ctrl-C terminates the workers at once instead of waiting for their runs to end.
+        with ctx.Pool(min(cfg.processes, len(jobs))) as pool:
+            args = [(cfg_json, p, s) for p, s in order]
+            for result in pool.imap_unordered(_run_one_job, args):
+                results[(result["policy"], result["segment"])] = _report(result, log)
     runs = [results[j] for j in jobs]  # config order, whatever order they finished in
     for r in runs:
         tag = {"policy": r["policy"], "segment": r["segment"]}
