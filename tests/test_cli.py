@@ -68,3 +68,28 @@ def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
     assert result.exit_code == 2 and "/nope.csv" in result.output
     result = CliRunner().invoke(app, ["simulate", "kind=batch"])
     assert result.exit_code == 2 and "rollout, rl" in result.output
+
+
+def test_thinking_headline_config_runs_in_worker_processes(tmp_path):
+    import json
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "headline_thinking.yaml"
+    args = [
+        "simulate",
+        "--config",
+        str(config),
+        "rl.duration_s=60",
+        "workload.profile=tiny",
+        "elastic.segments=[segment1]",
+        "policies=[rlboost,pearl]",
+        "processes=2",
+        f"logger.run_dir={tmp_path}",
+        "logger.run_name=t",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config_written = (tmp_path / "t" / "config.yaml").read_text()
+    assert "overlap_batches: true" in config_written
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert set(summary["throughput_tokens_per_s"]["segment1"]) == {"rlboost", "pearl"}
