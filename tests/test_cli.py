@@ -21,23 +21,34 @@ def test_demo_rejects_bad_options_with_a_clear_message():
     assert "sessions" in result.output
 
 
-def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
-    import json
+def headline_args(config: str, tmp_path, name: str, *overrides: str) -> list[str]:
+    """A one-minute run of a shipped headline config on the tiny workload."""
     from pathlib import Path
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "headline.yaml"
-    args = [
+    path = Path(__file__).resolve().parents[1] / "configs" / config
+    return [
         "simulate",
         "--config",
-        str(config),
+        str(path),
         "rl.duration_s=60",
         "workload.profile=tiny",
+        *overrides,
+        f"logger.run_dir={tmp_path}",
+        f"logger.run_name={name}",
+    ]
+
+
+def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
+    import json
+
+    args = headline_args(
+        "headline.yaml",
+        tmp_path,
+        "h",
         "elastic.segments=[segment2]",
         "policies=[roll,rlboost,pearl]",
         "processes=1",
-        f"logger.run_dir={tmp_path}",
-        "logger.run_name=h",
-    ]
+    )
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     run = tmp_path / "h"
@@ -72,21 +83,15 @@ def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
 
 def test_thinking_headline_config_runs_in_worker_processes(tmp_path):
     import json
-    from pathlib import Path
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "headline_thinking.yaml"
-    args = [
-        "simulate",
-        "--config",
-        str(config),
-        "rl.duration_s=60",
-        "workload.profile=tiny",
+    args = headline_args(
+        "headline_thinking.yaml",
+        tmp_path,
+        "t",
         "elastic.segments=[segment1]",
         "policies=[rlboost,pearl]",
         "processes=2",
-        f"logger.run_dir={tmp_path}",
-        "logger.run_name=t",
-    ]
+    )
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     config_written = (tmp_path / "t" / "config.yaml").read_text()

@@ -133,10 +133,6 @@ class PipelineScheduler:
         await asyncio.gather(self._rollout_loop(ready), self._train_loop(ready))
         return self.records
 
-    @property
-    def batches_in_flight(self) -> int:
-        return sum(1 for n in self.unfinished.values() if n > 0)
-
     def borrow_window(self) -> tuple[int, int]:
         """``(R, B)`` for the borrowing gate at Training Finished: the trajectories a borrowed
         worker could still serve before the next Training Begin, i.e. the unfinished ones of

@@ -135,22 +135,8 @@ class BlockManager:
             for block_id in got:
                 ref[block_id] = 1
             table.extend(got)
-        if need > take:
-            evictable, hashes, tokens, by_hash = (
-                self._evictable,
-                self._hash,
-                self._tokens,
-                self._by_hash,
-            )
-            for _ in range(need - take):  # _pop_free's eviction path, inlined
-                block_id, _ = evictable.popitem(last=False)
-                h = hashes[block_id]
-                if by_hash.get(h) == block_id:
-                    del by_hash[h]
-                hashes[block_id] = NO_HASH
-                tokens[block_id] = ()
-                ref[block_id] = 1
-                table.append(block_id)
+        for _ in range(need - take):
+            table.append(self._evict_lru())
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
@@ -165,8 +151,7 @@ class BlockManager:
             if h != NO_HASH and by_hash.get(h) == block_id:
                 self._evictable[block_id] = None
             else:
-                hashes[block_id] = NO_HASH
-                self._tokens[block_id] = ()
+                self._reset(block_id)
                 self._free.append(block_id)
 
     def release(self, seq: Sequence) -> None:
@@ -192,15 +177,13 @@ class BlockManager:
             self._evictable.pop(block_id, None)
         self._ref[block_id] += 1
 
-    def _pop_free(self) -> int:
-        if self._free:
-            block_id = self._free.pop()
-        else:
-            block_id, _ = self._evictable.popitem(last=False)
-            h = self._hash[block_id]
-            if self._by_hash.get(h) == block_id:
-                del self._by_hash[h]
-            self._reset(block_id)
+    def _evict_lru(self) -> int:
+        """Take the least recently used evictable block out of the cache, referenced once."""
+        block_id, _ = self._evictable.popitem(last=False)
+        h = self._hash[block_id]
+        if self._by_hash.get(h) == block_id:
+            del self._by_hash[h]
+        self._reset(block_id)
         self._ref[block_id] = 1
         return block_id
 
