@@ -25,6 +25,16 @@ class KVTransferError(PearlError, ValueError):
     """A KV chunk cannot be imported into this engine (model, dtype, version, tokens)."""
 
 
+class KVPrefixMismatch(KVTransferError):
+    """A KV chunk does not continue the tokens the engine holds for its session (the
+    context was edited, or a stale length was used); nothing changed. Re-match and resend."""
+
+
+class KVOutOfMemory(KVTransferError):
+    """The engine has no KV memory for a chunk now; nothing changed. Retry once running
+    requests free memory."""
+
+
 class EngineStateError(PearlError, RuntimeError):
     """An operation is not valid in the engine's current state (asleep, wrong role)."""
 

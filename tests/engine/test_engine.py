@@ -311,3 +311,37 @@ def test_role_change_hand_back_returns_partials_and_drain_finishes_them(tiny_con
     drained = eng.set_role(Role.PREFILL, InFlight.DRAIN)
     assert [o.finish_reason for o in drained] == [FinishReason.LENGTH]
     assert len(drained[0].token_ids) == 12 and eng.role is Role.PREFILL
+
+
+def test_disaggregated_turns_with_edited_context_match_colocated(tiny_config):
+    """Turn 2's context drops turn 1's response (thinking stripped, as agent scaffolds do):
+    the decode engine keeps the common prefix and imports exactly what it lacks; the tokens
+    equal a colocated engine's."""
+    from pearl.engine.disagg import run_disaggregated
+
+    C = make_engine(tiny_config)
+    P = make_engine(tiny_config, role=Role.PREFILL)
+    D = make_engine(tiny_config, role=Role.DECODE)
+    sp = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
+    prompt = prompts(1, [23])[0]
+    contexts = [prompt]
+    for turn in range(3):
+        ctx = contexts[-1]
+        req = Request(f"t{turn}", ctx, sp, session_id="s", pin_session=True)
+        coloc = C.generate([dataclasses.replace(req, request_id=f"c{turn}")])[f"c{turn}"]
+        pd = run_disaggregated(P, D, [req])[f"t{turn}"]
+        assert pd.token_ids == coloc.token_ids, f"turn {turn}"
+        assert np.allclose(pd.logprobs, coloc.logprobs, atol=1e-4)
+        observation = prompts(1, [6], seed=turn + 1)[0]
+        if turn == 0:
+            # Next turn keeps only the response's last 2 tokens (its answer), not its thinking.
+            contexts.append(ctx + coloc.token_ids[-2:] + observation)
+            held = ctx + coloc.token_ids[:-1]  # what D holds after turn 0
+            common = next(i for i, (a, b) in enumerate(zip(held, contexts[-1])) if a != b)
+            kept = common // 4 * 4  # block-aligned common prefix
+            assert kept < len(ctx) + 2 and pd.kv_tokens_moved == len(ctx)
+        else:
+            contexts.append(ctx + coloc.token_ids + observation)
+            if turn == 1:
+                # D kept the block-aligned common prefix and received only the rest.
+                assert pd.kv_tokens_moved == len(ctx) - kept

@@ -236,3 +236,44 @@ def test_a_sequence_longer_than_the_whole_kv_cache_finishes_with_length():
     out = drive(sched)["a"]
     assert out.finish_reason is FinishReason.LENGTH
     assert len(out.token_ids) == 17 * 4 - 60 + 1  # every slot used; the last token has no KV
+
+
+def test_match_session_keeps_the_block_aligned_common_prefix_of_an_edited_context():
+    sched = make_scheduler(num_blocks=32, block_size=4)
+    submit(sched, "t1", range(1, 15), max_new=6, session="s", pin=True)  # 14 + 6 tokens
+    t1 = drive(sched)["t1"]
+    held = sched.session_length("s")
+    assert held == 19  # the last sampled token's KV is never computed
+    free_before = sched.blocks.num_free_blocks
+    # Pure append: everything held is kept.
+    append = list(range(1, 15)) + t1.token_ids + [7, 7]
+    assert sched.match_session("s", append) == 19
+    # The agent stripped the response (its "thinking") and appended an observation:
+    # tokens [0, 14) agree, so whole blocks up to 12 stay and the rest is dropped.
+    edited = list(range(1, 15)) + [9, 9, 9]
+    assert sched.match_session("s", edited) == 12
+    assert sched.session_length("s") == 12
+    assert sched.session_tokens("s") == edited[:12]
+    assert sched.blocks.num_free_blocks > free_before
+    sched.blocks.check_invariants(sched.all_block_tables())
+    # A context sharing less than one block drops the session; an unknown one holds nothing.
+    assert sched.match_session("s", [42] * 20) == 0
+    assert sched.session_length("s") == 0
+    assert sched.match_session("nope", edited) == 0
+    sched.blocks.check_invariants(sched.all_block_tables())
+
+
+def test_import_errors_say_whether_the_prefix_differs_or_memory_is_short():
+    from pearl.errors import KVOutOfMemory, KVPrefixMismatch
+
+    sched = make_scheduler(num_blocks=8, block_size=4, role=Role.DECODE)
+    sched.import_session("s", 0, list(range(1, 9)), [])
+    with pytest.raises(KVPrefixMismatch):
+        sched.import_session("s", 8, [5, 6], [0] * 8)  # continues other tokens
+    with pytest.raises(KVPrefixMismatch):
+        sched.import_session("s", 12, [5, 6], list(range(12)))  # starts past what is held
+    assert sched.session_length("s") == 8  # nothing changed
+    with pytest.raises(KVOutOfMemory):  # 40 tokens > 8 blocks of 4, even after unpinning "s"
+        sched.import_session("t", 0, list(range(40)), [])
+    assert sched.session_length("t") == 0
+    sched.blocks.check_invariants(sched.all_block_tables())

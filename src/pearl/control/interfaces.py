@@ -87,6 +87,10 @@ class RolloutWorker(Protocol):
     async def session_length(self, session_id: str) -> int:
         """Tokens of the session whose KV this worker holds."""
 
+    async def match_session(self, session_id: str, token_ids: list[int]) -> int:
+        """Keep the longest block-aligned prefix of the session's KV that ``token_ids``
+        starts with (the agent may have edited its context), drop the rest; return its length."""
+
     async def release_session(self, session_id: str) -> None:
         """Forget the session's KV (the trajectory ended or moved)."""
 

@@ -13,7 +13,7 @@ import dataclasses
 from collections import defaultdict
 
 from pearl.control.interfaces import KVMover, RolloutWorker, TurnOutput, TurnRequest, WorkerRole
-from pearl.errors import EngineStateError, KVTransferError
+from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
 
 INTERRUPTED = ("abort", "handed_back")  # finish reasons of a turn cut short by a topology change
 REBALANCE_GAP = 2  # sessions more than the least-loaded worker before a session moves
@@ -184,6 +184,7 @@ class Router:
             return first  # finished at the prefill worker, or cut short (the caller resumes it)
         rest = moved = seconds = None
         d: RolloutWorker | None = None
+        mismatched = False
         for _attempt in range(MAX_TRANSFER_ATTEMPTS):
             if d is None or d not in self.decode:
                 if not self.decode:
@@ -192,12 +193,11 @@ class Router:
                     return dataclasses.replace(first, finish_reason="handed_back")
                 d = self._pick(WorkerRole.DECODE, turn.session_id, self.decode)
             try:
-                # What the decode worker holds can shrink while we wait (memory pressure unpins
-                # sessions), so a transfer or decode that finds it gone is retried from scratch.
-                held = await d.session_length(turn.session_id)
+                # The decode worker keeps what it holds of this context (all of it for a pure
+                # append; the common prefix if the agent edited the context) and receives
+                # exactly the tokens it lacks.
                 end = len(turn.token_ids)
-                if held > end:
-                    held = 0  # the decode worker holds a different branch; resend everything
+                held = await d.match_session(turn.session_id, turn.token_ids)
                 moved, seconds = await self.kv_mover.move(
                     p, d, turn.session_id, turn.token_ids, held, end
                 )
@@ -212,17 +212,28 @@ class Router:
                     )
                 )
                 break
+            except KVPrefixMismatch:
+                # What d held changed between the match and the import (never expected):
+                # resend the whole context once, then fail loudly rather than spin.
+                self.transfer_retries += 1
+                if mismatched:
+                    raise
+                mismatched = True
+                await d.release_session(turn.session_id)
             except (KVTransferError, EngineStateError):
                 self.transfer_retries += 1
                 if d not in self.decode:
                     continue  # the worker left or changed role: pick another at once
-                # Out of KV memory on the decode side: wait for decodes to finish and free it.
+                # Out of KV memory on the decode side (the import did not fit, or memory
+                # pressure unpinned the imported KV before the decode was admitted): wait
+                # for running decodes to finish and free it.
                 low, high = RETRY_BACKOFF_S
                 await asyncio.sleep(min(high, low * 2**_attempt))
         if rest is None:
             raise NoWorkerAvailable(
-                f"session {turn.session_id!r}: decode worker {d.worker_id} lost the KV "
-                f"{MAX_TRANSFER_ATTEMPTS} times in a row (out of KV memory?)"
+                f"session {turn.session_id!r}: decode worker {d.worker_id} could not hold the "
+                f"turn's KV ({len(turn.token_ids)} tokens) after {MAX_TRANSFER_ATTEMPTS} "
+                "attempts: out of KV memory"
             )
         t = rest.telemetry
         t.submitted_at = first.telemetry.submitted_at

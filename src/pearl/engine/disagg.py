@@ -46,7 +46,9 @@ def run_disaggregated(
         req = by_id[out.request_id]
         moved_tokens = moved_bytes = 0
         if out.finish_reason is FinishReason.PREFILLED:
-            held = decode.session_length(req.session_id)
+            # The decode engine keeps what it holds of this context (the common prefix if
+            # the agent edited it) and receives exactly the tokens it lacks.
+            held = decode.match_session(req.session_id, req.prompt_token_ids)
             chunk = prefill.export_kv(req.session_id, held, len(req.prompt_token_ids))
             moved_tokens = decode.import_kv(chunk)
             moved_bytes = chunk.nbytes

@@ -214,6 +214,11 @@ class LLMEngine:
         """Tokens of the session whose KV this engine holds pinned."""
         return self.scheduler.session_length(session_id)
 
+    def match_session(self, session_id: str, token_ids: list[int]) -> int:
+        """Keep the longest block-aligned prefix of the session's pinned KV that
+        ``token_ids`` starts with, drop the rest; return its length (see ``Scheduler``)."""
+        return self.scheduler.match_session(session_id, token_ids)
+
     def release_session(self, session_id: str) -> bool:
         return self.scheduler.release_session(session_id)
 

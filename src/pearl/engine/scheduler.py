@@ -27,7 +27,13 @@ from pearl.engine.sequence import (
     Sequence,
     SequenceStatus,
 )
-from pearl.errors import EngineStateError, KVTransferError, RequestError
+from pearl.errors import (
+    EngineStateError,
+    KVOutOfMemory,
+    KVPrefixMismatch,
+    KVTransferError,
+    RequestError,
+)
 
 
 class InFlight(StrEnum):
@@ -133,6 +139,36 @@ class Scheduler:
         """Tokens of ``session_id`` whose KV this engine holds pinned (0 if none)."""
         seq = self.sessions.get(session_id)
         return seq.num_computed_tokens if seq is not None else 0
+
+    def match_session(self, session_id: str, token_ids: Sequence_[int]) -> int:
+        """Tokens of ``token_ids`` whose KV this engine holds pinned for the session.
+
+        An agent may edit its context between turns (thinking stripped, an observation
+        truncated), so the held tokens can diverge from the new context. Then the session
+        keeps only their longest common prefix, rounded down to whole blocks (a block's
+        KV and prefix-cache hash stay consistent), and the rest is dropped: an import of
+        ``token_ids[kept:]`` continues it. Returns the tokens kept.
+        """
+        pinned = self.sessions.get(session_id)
+        if pinned is None:
+            return 0
+        held = pinned.num_computed_tokens
+        if not isinstance(token_ids, list):
+            token_ids = list(token_ids)
+        common = _common_prefix_length(pinned.token_ids, token_ids, held)
+        if common == held:
+            return held
+        bs = self.blocks.block_size
+        keep = common // bs * bs
+        if keep == 0:
+            self.release_session(session_id)
+            return 0
+        self.blocks.free(pinned.block_table[keep // bs :])
+        del pinned.block_table[keep // bs :]
+        pinned.num_hashed_blocks = min(pinned.num_hashed_blocks, keep // bs)
+        del pinned.token_ids[keep:]
+        pinned.num_computed_tokens = keep
+        return keep
 
     def session_tokens(self, session_id: str) -> list[int]:
         seq = self.sessions.get(session_id)
@@ -424,7 +460,8 @@ class Scheduler:
 
         Returns the pinned sequence and how many leading tokens of the chunk were
         already held (their KV is kept). The caller writes the KV of the rest. Raises
-        ``KVTransferError`` and changes nothing if the chunk does not continue what is held.
+        ``KVPrefixMismatch`` if the chunk does not continue what is held (``match_session``
+        first), ``KVOutOfMemory`` if its blocks do not fit now; either way nothing changes.
         """
         if any(s.session_id == session_id for s in self._in_flight()):
             raise KVTransferError(
@@ -437,7 +474,7 @@ class Scheduler:
         )  # its first `held` are computed
         end = start + len(token_ids)
         if start > held:
-            raise KVTransferError(
+            raise KVPrefixMismatch(
                 f"session {session_id!r}: engine holds {held} tokens but the chunk starts at {start}; "
                 f"export from token {held}"
             )
@@ -447,12 +484,12 @@ class Scheduler:
             prefix = prefix if isinstance(prefix, list) else list(prefix)
             prefix_matches = len(prefix) == start and held_tokens[:start] == prefix
         if not prefix_matches:
-            raise KVTransferError(
+            raise KVPrefixMismatch(
                 f"session {session_id!r}: the chunk's prefix tokens [0, {start}) differ from the tokens held here"
             )
         overlap = held - start
         if held_tokens[start:held] != list(token_ids[: min(overlap, len(token_ids))]):
-            raise KVTransferError(
+            raise KVPrefixMismatch(
                 f"session {session_id!r}: the chunk's token ids differ from the held tokens [{start}, {held})"
             )
         if overlap >= len(token_ids):
@@ -471,7 +508,7 @@ class Scheduler:
                 if not self.sessions:
                     if held:
                         self.sessions[session_id] = pinned
-                    raise KVTransferError(
+                    raise KVOutOfMemory(
                         f"session {session_id!r}: no KV memory for {end - held} more tokens ({exc})"
                     ) from exc
                 self.release_session(next(iter(self.sessions)))
@@ -502,3 +539,18 @@ class Scheduler:
         """Block tables of everything holding KV (for invariant checks)."""
         tables = [s.block_table for s in self._in_flight() if s.block_table]
         return tables + [s.block_table for s in self.sessions.values()]
+
+
+def _common_prefix_length(a: Sequence_[int], b: Sequence_[int], limit: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(limit, len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect on slices (C-speed compares)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -75,6 +75,9 @@ class EngineServer:
     async def session_length(self, session_id: str) -> int:
         return self.engine.session_length(session_id)
 
+    async def match_session(self, session_id: str, token_ids: list[int]) -> int:
+        return self.engine.match_session(session_id, token_ids)
+
     async def release_session(self, session_id: str) -> None:
         self.engine.release_session(session_id)
 

@@ -65,6 +65,9 @@ class LiveWorker:
     async def session_length(self, session_id: str) -> int:
         return await self.actor.session_length.remote(session_id)
 
+    async def match_session(self, session_id: str, token_ids: list[int]) -> int:
+        return await self.actor.match_session.remote(session_id, token_ids)
+
     async def release_session(self, session_id: str) -> None:
         await self.actor.release_session.remote(session_id)
 

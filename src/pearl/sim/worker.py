@@ -55,7 +55,7 @@ class SimEngineConfig:
     # the turn reaches the scheduler; 0 for an ideal in-process worker.
     request_overhead_s: float = 0.0
     # Round trip of a call that does not wait for the engine (session_length,
-    # release_session) through the world's RPC layer; 0 in-process.
+    # match_session, release_session) through the world's RPC layer; 0 in-process.
     rpc_overhead_s: float = 0.0
 
 
@@ -139,6 +139,15 @@ class SimulatedWorker:
         if self.config.rpc_overhead_s:
             await asyncio.sleep(self.config.rpc_overhead_s)
         return self.scheduler.session_length(session_id)
+
+    async def match_session(self, session_id: str, token_ids: list[int]) -> int:
+        if self.config.rpc_overhead_s:
+            await asyncio.sleep(self.config.rpc_overhead_s)
+        if self._closed:
+            raise EngineStateError(f"worker {self.worker_id} is stopped")
+        # Applied at once, not between iterations: it only trims a pinned session, which no
+        # iteration touches, and waiting would cut every fast-forwarded decode stretch short.
+        return self.scheduler.match_session(session_id, token_ids)
 
     async def release_session(self, session_id: str) -> None:
         if self.config.rpc_overhead_s:
