@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from pearl.control.decision import WorkloadParams
@@ -32,16 +33,57 @@ PRIOR = WorkloadParams(
 def test_iteration_costs_are_recovered_from_worker_reports():
     tr = RuntimeTracker(PRIOR, alpha=1.0)
     a, b, t = 0.02, 0.0005, 0.0001
-    for n in (1, 4, 16, 64):
+    for n in (1, 2, 4, 8, 16, 24, 32, 64):
         tr.observe_iteration(IterationObservation(n, 0, a + b * n))
     for p in (128, 512, 2048):
-        tr.observe_iteration(IterationObservation(0, p, a + t * p))
+        tr.observe_iteration(IterationObservation(0, p, t * p))
     tr.observe_iteration(IterationObservation(8, 256, a + b * 8 + t * 256))
     params = tr.end_step(batch_size=8, makespan_s=10)
     assert params.decode_step_fixed_s == pytest.approx(a)
     assert params.decode_step_per_sequence_s == pytest.approx(b)
     assert params.prefill_s_per_token == pytest.approx(t)
     assert params.batch_trajectories == 8
+    report = tr.fit_report
+    assert report["decode_step_per_sequence_s"].samples == 8
+    assert report["prefill_s_per_token"].samples == 4
+    assert {report[k].source for k in report} == {"fit"}
+
+
+def test_decode_costs_from_noisy_iterations_with_growing_contexts_within_5_percent():
+    """Synthetic iterations from known A and per-token KV cost c (b = c x mean context):
+    batches shrink as trajectories finish while contexts grow, as in a rollout."""
+    rng = np.random.default_rng(0)
+    A, c = 0.012, 2e-8  # 12 ms weight reads; 20 ns per context token read
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    weighted_ctx = weighted_n = 0
+    for step in range(400):
+        n = int(rng.integers(1, 33))
+        ctx = n * int(rng.integers(2_000, 30_000))
+        k = int(rng.integers(1, 50))  # a fast-forwarded stretch of k iterations
+        seconds = (A + c * ctx) * (1 + 0.02 * rng.standard_normal())
+        tr.observe_iteration(IterationObservation(n, 0, seconds, ctx, k))
+        weighted_ctx += k * ctx
+        weighted_n += k * n
+    params = tr.end_step(batch_size=64, makespan_s=100)
+    b = c * weighted_ctx / weighted_n
+    assert params.decode_step_fixed_s == pytest.approx(A, rel=0.05)
+    assert params.decode_step_per_sequence_s == pytest.approx(b, rel=0.05)
+
+
+def test_without_varied_decode_batches_b_keeps_its_prior_and_never_goes_non_positive():
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    for _ in range(20):  # always 16 sequences: b is not identifiable
+        tr.observe_iteration(IterationObservation(16, 0, 0.05))
+    params = tr.end_step(batch_size=16, makespan_s=10)
+    assert params.decode_step_per_sequence_s == PRIOR.decode_step_per_sequence_s
+    assert tr.fit_report["decode_step_per_sequence_s"].source == "kept"
+    # Times that fall as batches grow (noise, interference) would fit b < 0: kept instead.
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    for n in range(1, 30):
+        tr.observe_iteration(IterationObservation(n, 0, 1.0 - 0.01 * n))
+    params = tr.end_step(batch_size=16, makespan_s=10)
+    assert params.decode_step_per_sequence_s > 0 and params.decode_step_fixed_s > 0
+    assert params.prefill_s_per_token == PRIOR.prefill_s_per_token
 
 
 def test_workload_shape_and_bubbles_come_from_trajectory_telemetry():

@@ -189,3 +189,13 @@ def test_policy_errors_name_the_valid_choices():
         get_policy("static-pd", static_split=(0, 1))
     with pytest.raises(ValueError, match="availability trace"):
         run_policy(setting(), get_policy("rlboost"), None)
+
+
+def test_a_constant_availability_trace_gives_elastic_policies_its_gpus():
+    from pearl.workloads.availability import AvailabilityTrace
+
+    constant = AvailabilityTrace((0.0,), (8,), end_s=400.0, source="constant")
+    result = run_policy(setting(duration_s=100.0), get_policy("rlboost"), constant)
+    # 4 reserved + 8 preemptible rollout GPUs from the start, as roll-large would get.
+    assert {gpus for _, gpus in result.rollout_gpus} == {12}
+    assert max(sum(v for k, v in e.items() if k != "t") for e in result.timeline) == 6

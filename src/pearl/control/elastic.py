@@ -234,7 +234,8 @@ class ElasticScheduler:
         """Refit the model from the finished batch and re-decide the roles."""
         if self.tracker is not None:
             params = self.tracker.end_step(len(result.trajectories), result.makespan_s)
-            self.log({"kind": "refit", "step": step, "params": _params(params)})
+            report = {k: v.to_dict() for k, v in self.tracker.fit_report.items()}
+            self.log({"kind": "refit", "step": step, "params": _params(params), "fit": report})
         if self.decider.policy.pd is PDMode.ADAPTIVE:
             async with self._lock:
                 await self._reassign(self._roles_for(self.rebuilder.workers), "refit")

@@ -17,8 +17,7 @@ from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
 
 INTERRUPTED = ("abort", "handed_back")  # finish reasons of a turn cut short by a topology change
 REBALANCE_GAP = 2  # sessions more than the least-loaded worker before a session moves
-MAX_TRANSFER_ATTEMPTS = 50
-RETRY_BACKOFF_S = (0.01, 1.0)  # first and largest wait between attempts
+RETRY_BACKOFF_S = (0.01, 1.0)  # first and largest wait between attempts to find KV memory
 
 
 class NoWorkerAvailable(RuntimeError):
@@ -185,7 +184,10 @@ class Router:
         rest = moved = seconds = None
         d: RolloutWorker | None = None
         mismatched = False
-        for _attempt in range(MAX_TRANSFER_ATTEMPTS):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        waits = 0
+        while rest is None:
             if d is None or d not in self.decode:
                 if not self.decode:
                     # The topology switched away from disaggregation: hand the first token
@@ -211,7 +213,6 @@ class Router:
                         max_new_tokens=turn.max_new_tokens - 1,
                     )
                 )
-                break
             except KVPrefixMismatch:
                 # What d held changed between the match and the import (never expected):
                 # resend the whole context once, then fail loudly rather than spin.
@@ -225,16 +226,17 @@ class Router:
                 if d not in self.decode:
                     continue  # the worker left or changed role: pick another at once
                 # Out of KV memory on the decode side (the import did not fit, or memory
-                # pressure unpinned the imported KV before the decode was admitted): wait
-                # for running decodes to finish and free it.
+                # pressure unpinned the imported KV before the decode was admitted): wait,
+                # as a decode server's transfer queue does, for running decodes to free it.
+                if loop.time() >= deadline:
+                    raise NoWorkerAvailable(
+                        f"session {turn.session_id!r}: decode worker {d.worker_id} had no KV "
+                        f"memory for the turn's {len(turn.token_ids)} tokens for "
+                        f"{self.max_wait_s:g} s"
+                    ) from None
                 low, high = RETRY_BACKOFF_S
-                await asyncio.sleep(min(high, low * 2**_attempt))
-        if rest is None:
-            raise NoWorkerAvailable(
-                f"session {turn.session_id!r}: decode worker {d.worker_id} could not hold the "
-                f"turn's KV ({len(turn.token_ids)} tokens) after {MAX_TRANSFER_ATTEMPTS} "
-                "attempts: out of KV memory"
-            )
+                await asyncio.sleep(min(high, low * 2**waits, deadline - loop.time()))
+                waits += 1
         t = rest.telemetry
         t.submitted_at = first.telemetry.submitted_at
         t.first_token_at = first.telemetry.first_token_at

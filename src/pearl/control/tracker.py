@@ -21,11 +21,32 @@ from pearl.control.decision import WorkloadParams
 
 @dataclass(slots=True, frozen=True)
 class IterationObservation:
-    """One engine iteration as a worker measured it."""
+    """One engine iteration as a worker measured it (or ``iterations`` identical ones,
+    ``seconds`` each, as a worker that reports decode stretches in bulk sees them)."""
 
     decode_sequences: int
     prefill_tokens: int
     seconds: float
+    decode_context_tokens: int = 0  # sum of the decoding sequences' contexts (0: unknown)
+    iterations: int = 1
+
+
+@dataclass(slots=True, frozen=True)
+class FittedParameter:
+    """One refitted parameter: its value, how many samples it came from, and whether this
+    step's data could identify it (``fit``) or it kept the prior / last good fit (``kept``)."""
+
+    value: float
+    samples: int
+    source: str = "fit"
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "samples": self.samples, "source": self.source}
+
+
+MIN_DECODE_SAMPLES = 8  # decode-only iterations before A and b are fitted together
+MIN_SPREAD = 0.05  # relative spread (std / mean) of the decode load that identifies b
+MIN_PREFILL_SAMPLES = 3
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,6 +98,7 @@ class RuntimeTracker:
         self.step_time_borrowed_s = Ema(alpha)
         self.step_time_dedicated_s = Ema(alpha)
         self.params = prior
+        self.fit_report: dict[str, FittedParameter] = {}
         self.steps = 0
 
     # -- observations --------------------------------------------------------------
@@ -119,59 +141,122 @@ class RuntimeTracker:
 
     # -- refit ---------------------------------------------------------------------
     def end_step(self, batch_size: int, makespan_s: float) -> WorkloadParams:
-        """Refit from this step's trajectories and the recent iterations; smooth; reset."""
+        """Refit from this step's trajectories and the recent iterations; smooth; reset.
+
+        A parameter this step's data cannot identify keeps its value (the prior, or the
+        last good fit); ``fit_report`` says, per parameter, its value, samples and source.
+        """
         fitted = self._fit(batch_size, makespan_s)
         smoothed = {}
-        for name, value in fitted.items():
+        report: dict[str, FittedParameter] = {}
+        for name, fp in fitted.items():
+            if fp.source != "fit":
+                report[name] = fp
+                continue
             ema = self._ema.setdefault(name, Ema(self.alpha))
-            smoothed[name] = ema.update(value)
-        self.params = replace(self.prior, batch_trajectories=batch_size, **smoothed)
+            smoothed[name] = ema.update(fp.value)
+            report[name] = FittedParameter(smoothed[name], fp.samples, "fit")
+        self.params = replace(self.params, batch_trajectories=batch_size, **smoothed)
+        self.fit_report = report
         self._trajectories = []
         self.steps += 1
         return self.params
 
-    def _fit(self, batch_size: int, makespan_s: float) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _fit(self, batch_size: int, makespan_s: float) -> dict[str, FittedParameter]:
+        out: dict[str, FittedParameter] = {}
         trajs = self._trajectories
         if trajs:
             turns = [t for tr in trajs for t in tr.turns]
-            out["turns"] = float(max(len(tr.turns) for tr in trajs))
-            out["decode_tokens_per_turn"] = sum(t.generated_tokens for t in turns) / len(turns)
+            n_traj, n_turns = len(trajs), len(turns)
+            out["turns"] = FittedParameter(float(max(len(tr.turns) for tr in trajs)), n_traj)
+            out["decode_tokens_per_turn"] = FittedParameter(
+                sum(t.generated_tokens for t in turns) / n_turns, n_turns
+            )
             # What a prefill worker must compute per turn: the new observation and the kept
             # response tail (a disaggregated prefill worker never decoded those tokens).
-            out["appended_tokens_per_turn"] = sum(
-                t.appended_tokens + t.kept_tokens for t in turns
-            ) / len(turns)
-            out["env_time_s"] = max(sum(t.env_time_s for t in tr.turns) for tr in trajs)
+            out["appended_tokens_per_turn"] = FittedParameter(
+                sum(t.appended_tokens + t.kept_tokens for t in turns) / n_turns, n_turns
+            )
+            out["env_time_s"] = FittedParameter(
+                max(sum(t.env_time_s for t in tr.turns) for tr in trajs), n_traj
+            )
             contexts = [tr.context_tokens for tr in trajs if tr.context_tokens > 0]
             if contexts:
                 # The batch's KV at its peak, per trajectory: K x mean final context.
-                out["kv_bytes_per_trajectory"] = (
-                    self.prior.kv_bytes_per_token * sum(contexts) / len(contexts)
+                out["kv_bytes_per_trajectory"] = FittedParameter(
+                    self.prior.kv_bytes_per_token * sum(contexts) / len(contexts), len(contexts)
                 )
             if makespan_s > 0:
                 decoding = sum(t.decode_s for t in turns)
-                f = min(1.0, max(1e-3, decoding / (len(trajs) * makespan_s)))
-                out["bubble_ratio"] = (1 - f) / f
+                f = min(1.0, max(1e-3, decoding / (n_traj * makespan_s)))
+                out["bubble_ratio"] = FittedParameter((1 - f) / f, n_turns)
         out.update(self._fit_iterations())
         return out
 
-    def _fit_iterations(self) -> dict[str, float]:
-        """Least squares of ``seconds = A + b * decodes + t_prefill * prefill_tokens``."""
-        its = self._iterations
-        if len(its) < 3:
-            return {}
-        x = np.array([[1.0, o.decode_sequences, o.prefill_tokens] for o in its])
-        y = np.array([o.seconds for o in its])
-        if np.linalg.matrix_rank(x) < 3:
-            return {}
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-        a, b, t = (float(c) for c in coef)
-        if not all(math.isfinite(c) for c in (a, b, t)):
-            return {}
-        # Negative coefficients are fitting noise; keep the physically meaningful floor.
-        return {
-            "decode_step_fixed_s": max(a, 1e-6),
-            "decode_step_per_sequence_s": max(b, 0.0),
-            "prefill_s_per_token": max(t, 1e-9),
-        }
+    def _fit_iterations(self) -> dict[str, FittedParameter]:
+        """``seconds = A + b * decodes`` on decode-only iterations, then ``t_prefill`` from
+        what iterations with prefill took beyond that (least squares, weighted by iterations).
+
+        b is the per-sequence cost at this step's mean decode context: when workers report
+        contexts, the fit is ``A + c * context_tokens`` and ``b = c * mean context`` (a
+        decode step reads each sequence's whole KV, so contexts, not counts, explain it).
+        A term is fitted only when the data identify it (enough samples; a decode load that
+        varies for b) and the fit is positive; otherwise it keeps its current value.
+        """
+        its = list(self._iterations)
+        cur = self.params
+        A, b, t = cur.decode_step_fixed_s, cur.decode_step_per_sequence_s, cur.prefill_s_per_token
+        out: dict[str, FittedParameter] = {}
+        decode = [o for o in its if o.prefill_tokens == 0 and o.decode_sequences > 0]
+        by_context = bool(decode) and all(o.decode_context_tokens > 0 for o in decode)
+        load = np.array(
+            [o.decode_context_tokens if by_context else o.decode_sequences for o in decode], float
+        )
+        if decode:
+            w = np.array([o.iterations for o in decode], float)
+            n = np.array([o.decode_sequences for o in decode], float)
+            y = np.array([o.seconds for o in decode])
+            per_seq = float(np.sum(w * load) / np.sum(w * n))  # mean context (or 1) per sequence
+            c = b / per_seq  # the current b in the load's units
+            samples = int(w.sum())
+            mean = float(np.sum(w * load) / w.sum())
+            spread = math.sqrt(float(np.sum(w * (load - mean) ** 2) / w.sum())) / mean
+            fitted = False
+            if len(decode) >= MIN_DECODE_SAMPLES and spread >= MIN_SPREAD:
+                sw = np.sqrt(w)
+                x = np.stack([np.ones_like(load), load], axis=1) * sw[:, None]
+                (a_fit, c_fit), *_ = np.linalg.lstsq(x, y * sw, rcond=None)
+                fitted = a_fit > 0 and c_fit > 0 and math.isfinite(a_fit + c_fit)
+            if fitted:
+                A, c = float(a_fit), float(c_fit)
+                out["decode_step_per_sequence_s"] = FittedParameter(c * per_seq, samples)
+                out["decode_step_fixed_s"] = FittedParameter(A, samples)
+            else:
+                # b is not identified: keep it, and fit A alone to what the steps took.
+                out["decode_step_per_sequence_s"] = FittedParameter(b, samples, "kept")
+                a_fit = float(np.sum(w * (y - c * load)) / w.sum())
+                if a_fit > 0:
+                    A = a_fit
+                out["decode_step_fixed_s"] = FittedParameter(
+                    A, samples, "fit" if a_fit > 0 else "kept"
+                )
+        else:
+            c = b
+        prefill = [o for o in its if o.prefill_tokens > 0]
+        if prefill:
+            w = np.array([o.iterations for o in prefill], float)
+            p = np.array([o.prefill_tokens for o in prefill], float)
+            rest = np.array(
+                [
+                    o.seconds
+                    - (A if o.decode_sequences else 0.0)
+                    - c * (o.decode_context_tokens if by_context else o.decode_sequences)
+                    for o in prefill
+                ]
+            )
+            t_fit = float(np.sum(w * rest * p) / np.sum(w * p * p))
+            ok = len(prefill) >= MIN_PREFILL_SAMPLES and t_fit > 0 and math.isfinite(t_fit)
+            out["prefill_s_per_token"] = FittedParameter(
+                t_fit if ok else t, int(w.sum()), "fit" if ok else "kept"
+            )
+        return out

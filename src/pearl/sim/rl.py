@@ -208,19 +208,25 @@ class _Factory:
 
 
 def prior_params(setting: RLSetting, bandwidth_Bps: float) -> WorkloadParams:
-    """What the deployment knows before measuring anything: model and hardware sizes. The
-    workload fields are placeholders, replaced by the first refit (nothing is decided
-    from them: the decider stays colocated until then)."""
+    """What the deployment knows before measuring anything: model and hardware sizes, and
+    the cost model's iteration costs (A, b at half the profile's longest context,
+    t_prefill of a full chunk), which the tracker keeps where its data cannot identify
+    them. The workload fields are placeholders, replaced by the first refit (nothing is
+    decided from them: the decider stays colocated until then)."""
     cost = setting.cost
     capacity_tokens = cost.kv_capacity_tokens()
+    context = max(1, setting.profile.max_context_tokens // 2)
+    fixed = cost.decode_time(1, 1)
+    per_sequence = max(1e-9, (cost.decode_time(8, 8 * context) - cost.decode_time(1, context)) / 7)
+    chunk = setting.engine.max_num_batched_tokens
     return WorkloadParams(
         turns=1,
         decode_tokens_per_turn=1,
         appended_tokens_per_turn=1,
         bubble_ratio=0,
-        decode_step_fixed_s=1e-3,
-        decode_step_per_sequence_s=0,
-        prefill_s_per_token=0,
+        decode_step_fixed_s=fixed,
+        decode_step_per_sequence_s=per_sequence,
+        prefill_s_per_token=cost.prefill_time(chunk) / chunk,
         switch_overhead_s=0,
         env_time_s=0,
         kv_bytes_per_token=cost.kv_bytes(1),
@@ -308,10 +314,13 @@ def run_policy(
         tracker = RuntimeTracker(prior_params(setting, gpu.network_bandwidth_Bps))
 
         def on_iteration(worker_id, start, dt, out, iterations) -> None:
-            per = dt / iterations
             decodes = len(out.decodes)
             prefill = sum(ch.num_tokens for ch in out.prefills)
-            tracker.observe_iteration(IterationObservation(decodes, prefill, per))
+            # A fast-forwarded stretch: contexts grow by one token per step; report the mean.
+            context = sum(s.num_tokens for s in out.decodes) + decodes * (iterations - 1) // 2
+            tracker.observe_iteration(
+                IterationObservation(decodes, prefill, dt / iterations, context, iterations)
+            )
 
         gpus_of: dict[str, list[int]] = {}
 
@@ -381,8 +390,9 @@ def run_policy(
             progress=lambda: pipeline_box[0].borrow_window(),
             log=log,
         )
-        changes = list(trace.changes()) if (trace is not None and preemptible) else []
-        initial = trace.value_at(trace.start_s) if changes else 0
+        follows_trace = trace is not None and bool(preemptible)
+        changes = list(trace.changes()) if follows_trace else []
+        initial = trace.value_at(trace.start_s) if follows_trace else 0  # a constant trace too
         await elastic.start(initial)
         await elastic.settle()
         t0 = loop.time()
