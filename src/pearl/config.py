@@ -73,6 +73,16 @@ class SimSection(_Section):
     max_num_seqs: int = Field(256, ge=1)
     max_model_len: int = Field(40960, ge=2)
     fast_forward: bool = True
+    scheduling: Literal["mixed", "sglang"] = Field(
+        "mixed",
+        description="iteration composition: mixed (decode-first + chunked prefill in one "
+        "pass) or sglang (SGLang's default: prefill batches alone, first; no mixing)",
+    )
+    chunked_prefill_size: int = Field(8192, ge=1, description="sglang mode: tokens per chunk")
+    max_prefill_tokens: int = Field(16384, ge=1, description="sglang mode: tokens per batch")
+    flush_cache_on_weight_update: bool = Field(
+        False, description="drop pinned sessions and the prefix cache on every weight update"
+    )
 
 
 class LoggerSection(_Section):

@@ -345,3 +345,16 @@ def test_disaggregated_turns_with_edited_context_match_colocated(tiny_config):
             if turn == 1:
                 # D kept the block-aligned common prefix and received only the rest.
                 assert pd.kv_tokens_moved == len(ctx) - kept
+
+
+def test_sglang_and_mixed_scheduling_give_the_same_tokens(tiny_config):
+    ps = prompts(6, [5, 17, 33, 8, 50, 21], seed=2)
+    sp = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_new_tokens=9, ignore_eos=True)
+    outs = []
+    for mode in ("mixed", "sglang"):
+        eng = make_engine(tiny_config, scheduling=mode, chunked_prefill_size=16)
+        outs.append(eng.generate([Request(f"r{i}", p, sp) for i, p in enumerate(ps)]))
+        assert eng.scheduler.config.mode == mode
+    for rid, out in outs[0].items():
+        assert outs[1][rid].token_ids == out.token_ids
+        assert np.allclose(outs[1][rid].logprobs, out.logprobs, atol=1e-4)

@@ -277,3 +277,62 @@ def test_import_errors_say_whether_the_prefix_differs_or_memory_is_short():
         sched.import_session("t", 0, list(range(40)), [])
     assert sched.session_length("t") == 0
     sched.blocks.check_invariants(sched.all_block_tables())
+
+
+def test_sglang_mode_runs_prefill_batches_alone_and_first():
+    from pearl.engine.scheduler import SchedulingMode
+
+    sched = make_scheduler(
+        num_blocks=256, budget=64, mode=SchedulingMode.SGLANG, chunked_prefill_size=16,
+        max_prefill_tokens=24,
+    )
+    submit(sched, "a", range(1, 6), max_new=20)
+    shapes = []
+
+    def record(out):
+        shapes.append((sum(c.num_tokens for c in out.prefills), len(out.decodes)))
+
+    for _ in range(3):  # "a" prefills, then decodes alone
+        out = sched.schedule()
+        record(out)
+        toks = [fake_next_token(s.token_ids) for s in out.sampling_sequences()]
+        sched.postprocess(out, toks, [0.0] * len(toks), 0)
+    submit(sched, "b", range(11, 51), max_new=3)  # 40 tokens: chunks of 16
+    outputs = drive(sched, on_step=record)
+    # Never mixed; b's prefill stalls a's decodes (prefill first), in chunks of <= 16 tokens.
+    assert all(p == 0 or d == 0 for p, d in shapes)
+    assert shapes[:3] == [(5, 0), (0, 1), (0, 1)]
+    assert shapes[3:6] == [(16, 0), (16, 0), (8, 0)]
+    assert outputs["b"].token_ids == expected_tokens(range(11, 51), 3)
+
+
+def test_both_modes_generate_the_same_tokens():
+    import random
+
+    from pearl.engine.scheduler import SchedulingMode
+
+    rng = random.Random(4)
+    reqs = [(f"r{i}", [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 60))]) for i in range(12)]
+    results = []
+    for mode in SchedulingMode:
+        sched = make_scheduler(num_blocks=40, budget=16, mode=mode, chunked_prefill_size=12)
+        for rid, prompt in reqs:
+            submit(sched, rid, prompt, max_new=9)
+        results.append({k: v.token_ids for k, v in drive(sched).items()})
+    assert results[0] == results[1]
+    assert results[0]["r3"] == expected_tokens(reqs[3][1], 9)
+
+
+def test_flush_prefix_cache_drops_sessions_and_cached_blocks():
+    sched = make_scheduler()
+    submit(sched, "t1", range(1, 15), max_new=4, session="s", pin=True)
+    drive(sched)
+    assert sched.session_length("s") > 0 and sched.blocks.num_cached_blocks > 0
+    sched.flush_prefix_cache()
+    assert sched.session_length("s") == 0 and sched.blocks.num_cached_blocks == 0
+    sched.blocks.check_invariants(sched.all_block_tables())
+
+
+def test_unknown_scheduling_mode_is_rejected_with_the_valid_ones():
+    with pytest.raises(ValueError, match="mixed, sglang"):
+        make_scheduler(mode="vllm")

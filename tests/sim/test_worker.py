@@ -84,9 +84,10 @@ def simulate(workload, fast_forward, **cfg):
     max_seqs=st.integers(2, 16),
     blocks=st.integers(120, 800),
     budget=st.integers(64, 1024),
+    scheduling=st.sampled_from(["mixed", "sglang"]),
 )
 def test_fast_forward_gives_the_same_completion_times_as_stepping(
-    seed, sessions, max_seqs, blocks, budget
+    seed, sessions, max_seqs, blocks, budget, scheduling
 ):
     workload = make_workload(seed, sessions, turns=3)
     cfg = dict(
@@ -94,7 +95,9 @@ def test_fast_forward_gives_the_same_completion_times_as_stepping(
         block_size=16,
         max_num_seqs=max_seqs,
         max_num_batched_tokens=budget,
+        chunked_prefill_size=budget,
         max_model_len=4096,
+        scheduling=scheduling,
     )
     stepped, c_step = simulate(workload, False, **cfg)
     jumped, c_ff = simulate(workload, True, **cfg)
@@ -147,3 +150,54 @@ def test_prefill_and_decode_workers_with_kv_import():
 
     tokens = run_virtual(main)[0]
     assert len(tokens) == 30
+
+
+def test_flush_on_weight_update_makes_continuing_sessions_re_prefill():
+    async def turn_two(flush):
+        cfg = SimEngineConfig(scheduling="sglang", flush_cache_on_weight_update=flush)
+        worker = SimulatedWorker("w0", LinearCost(), cfg, vocab_size=1000)
+        first = await worker.generate(TurnRequest("a/0", "a", [1] * 300, 20))
+        await worker.sync_weights(1, 0.5)
+        second = await worker.generate(
+            TurnRequest("a/1", "a", [1] * 300 + first.token_ids + [2] * 50, 20)
+        )
+        worker.close()
+        return second.telemetry
+
+    kept = run_virtual(lambda: turn_two(False))[0]
+    flushed = run_virtual(lambda: turn_two(True))[0]
+    assert kept.prefill_tokens_computed == 51
+    assert flushed.prefill_tokens_cached == 0 and flushed.prefill_tokens_computed == 370
+
+
+def test_disaggregated_turns_survive_context_editing_without_retries():
+    """Turn 2 drops turn 1's response (thinking stripped): the decode worker keeps the
+    block-aligned common prefix and receives only what it lacks; nothing is retried."""
+    from pearl.control.router import Router
+    from pearl.sim.network import Network
+    from pearl.sim.costmodel import CostModel
+    from pearl.sim.hardware import get_gpu
+    from pearl.sim.models import load_model_shape
+    from pearl.sim.world import SimKVMover
+
+    async def main():
+        cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+        cfg = SimEngineConfig(block_size=16)
+        p = SimulatedWorker("p", LinearCost(), cfg, role=WorkerRole.PREFILL, vocab_size=1000)
+        d = SimulatedWorker("d", LinearCost(), cfg, role=WorkerRole.DECODE, vocab_size=1000)
+        mover = SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0, 1], "d": [2, 3]})
+        router = Router(mover)
+        router.set_topology(prefill=[p], decode=[d])
+        prompt = [5] * 100
+        first = await router.run_turn(TurnRequest("a/0", "a", prompt, 40))
+        before = mover.bytes_moved
+        edited = prompt + first.token_ids[-3:] + [6] * 30  # thinking stripped, answer kept
+        second = await router.run_turn(TurnRequest("a/1", "a", edited, 10))
+        p.close()
+        d.close()
+        return first, second, mover.bytes_moved - before, router.transfer_retries, cost
+
+    first, second, moved, retries, cost = run_virtual(main)[0]
+    assert len(second.token_ids) == 10 and retries == 0
+    common = 100  # the prompt; the kept answer differs from the response's first tokens
+    assert moved == cost.kv_bytes(133 - common // 16 * 16)

@@ -35,6 +35,9 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     role: Role = Role.COLOCATED
     local_prefill_max_tokens: int = 0
+    scheduling: str = "mixed"  # SchedulingMode: "mixed" or "sglang"
+    chunked_prefill_size: int = 8192  # sglang mode
+    max_prefill_tokens: int = 16384  # sglang mode
     model_id: str | None = None  # default: derived from the model config
     device: str = "cpu"
     seed: int = 0
@@ -102,6 +105,9 @@ class LLMEngine:
                 role=Role(config.role),
                 local_prefill_max_tokens=config.local_prefill_max_tokens,
                 eos_token_ids=model.config.eos_token_id,
+                mode=config.scheduling,
+                chunked_prefill_size=config.chunked_prefill_size,
+                max_prefill_tokens=config.max_prefill_tokens,
             ),
             self.blocks,
         )

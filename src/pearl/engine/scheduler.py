@@ -1,10 +1,11 @@
-"""Iteration scheduler: continuous batching with chunked prefill, decode-first, role-aware.
+"""Iteration scheduler: continuous batching with chunked prefill, role-aware, in two modes.
 
 Pure Python (no torch, no clock): the live engine and the simulator both drive it.
-Each iteration, ``schedule`` picks decodes first (one token each, stall-free),
+In ``mixed`` mode each iteration picks decodes first (one token each, stall-free),
 then fills the remaining token budget with prefill chunks of running and newly
-admitted sequences; ``postprocess`` applies the sampled tokens and finishes
-sequences. When KV blocks run out, pinned sessions are unpinned (least recently
+admitted sequences; in ``sglang`` mode (SGLang's default scheduler) a prefill batch
+runs alone whenever one can be formed, else all running sequences decode.
+``postprocess`` applies the sampled tokens and finishes sequences. When KV blocks run out, pinned sessions are unpinned (least recently
 used first) and then the most recently admitted sequences are preempted: their KV
 is dropped and they are recomputed later, so no request is ever lost.
 """
@@ -43,9 +44,21 @@ class InFlight(StrEnum):
     HAND_BACK = "hand_back"  # abort them and return their partial outputs
 
 
+class SchedulingMode(StrEnum):
+    """How an iteration is composed (both are real engines' defaults)."""
+
+    MIXED = "mixed"
+    """Decode-first: every running decode, then prefill chunks fill the token budget
+    (``max_num_batched_tokens``) in the same forward pass (Sarathi-style chunked prefill)."""
+    SGLANG = "sglang"
+    """SGLang's default: a prefill batch runs alone whenever one can be formed (at most
+    ``min(chunked_prefill_size, max_prefill_tokens)`` tokens, stalling every running decode
+    of the worker for its duration); otherwise all running sequences decode. No mixing."""
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Batching limits and the worker's role."""
+    """Batching limits, the iteration composition and the worker's role."""
 
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
@@ -54,6 +67,10 @@ class SchedulerConfig:
     # Decode role only: run appends of at most this many tokens locally (0 = import only).
     local_prefill_max_tokens: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    mode: SchedulingMode = SchedulingMode.MIXED
+    # ``sglang`` mode only (SGLang's --chunked-prefill-size and --max-prefill-tokens).
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 2:
@@ -61,7 +78,19 @@ class SchedulerConfig:
                 "max_num_batched_tokens and max_num_seqs must be >= 1 and max_model_len >= 2, "
                 f"got {self.max_num_batched_tokens}, {self.max_num_seqs}, {self.max_model_len}"
             )
+        if self.chunked_prefill_size < 1 or self.max_prefill_tokens < 1:
+            raise ValueError(
+                "chunked_prefill_size and max_prefill_tokens must be >= 1, got "
+                f"{self.chunked_prefill_size}, {self.max_prefill_tokens}"
+            )
         self.role = Role(self.role)
+        try:
+            self.mode = SchedulingMode(self.mode)
+        except ValueError:
+            raise ValueError(
+                f"scheduling mode {self.mode!r} is not one of: "
+                f"{', '.join(m.value for m in SchedulingMode)}"
+            ) from None
 
 
 @dataclass(slots=True)
@@ -235,7 +264,9 @@ class Scheduler:
 
     # -- scheduling ---------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> SchedulerOutput:
-        """Pick this iteration's decodes and prefill chunks within the token budget."""
+        """Pick this iteration's decodes and prefill chunks (see ``SchedulingMode``)."""
+        if self.config.mode is SchedulingMode.SGLANG:
+            return self._schedule_prefill_first(now)
         cfg = self.config
         out = SchedulerOutput()
         scheduled: set[int] = set()
@@ -296,6 +327,65 @@ class Scheduler:
             scheduled.add(id(seq))
             if seq.telemetry.started_at is None:
                 seq.telemetry.started_at = now
+        return out
+
+    def _schedule_prefill_first(self, now: float) -> SchedulerOutput:
+        """``sglang`` mode: a prefill-only batch if one can be formed, else a decode batch."""
+        cfg = self.config
+        out = SchedulerOutput()
+        scheduled: set[int] = set()
+        self._preempted_now = set()
+        budget = min(cfg.chunked_prefill_size, cfg.max_prefill_tokens)
+        role = cfg.role
+
+        def decode_ready(seq: Sequence) -> bool:
+            return seq.num_uncomputed_tokens == 1 and role is not Role.PREFILL
+
+        # 1. A chunked prefill in progress continues first.
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is SequenceStatus.RUNNING and not decode_ready(seq):
+                budget -= self._schedule_prefill(seq, budget, out, scheduled)
+
+        # 2. Admit waiting sequences: prefills into this batch; sequences whose KV is all
+        #    there (imported, or cached) join the running set and decode with the others.
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if id(seq) in self._preempted_now:
+                break
+            if not seq.block_table:
+                self._attach_kv(seq)
+            if decode_ready(seq):
+                ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
+            elif budget == 0:
+                break
+            else:
+                chunk = min(seq.num_uncomputed_tokens, budget)
+                end = seq.num_computed_tokens + chunk
+                ok = self._reserve(seq, end, scheduled, may_preempt=False)
+                if ok:
+                    out.prefills.append(PrefillChunk(seq, seq.num_computed_tokens, end))
+                    scheduled.add(id(seq))
+                    budget -= chunk
+            if not ok:
+                self.blocks.release(seq)
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if seq.telemetry.started_at is None:
+                seq.telemetry.started_at = now
+        if out.prefills:
+            return out
+
+        # 3. No prefill to run: every running sequence decodes one token.
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING or not decode_ready(seq):
+                continue
+            if self._reserve(seq, seq.num_tokens, scheduled):
+                out.decodes.append(seq)
+                scheduled.add(id(seq))
         return out
 
     def _schedule_prefill(
@@ -519,6 +609,16 @@ class Scheduler:
         self.blocks.commit(pinned)
         self.sessions[session_id] = pinned
         return pinned, overlap
+
+    def flush_prefix_cache(self) -> None:
+        """Forget all reusable KV (pinned sessions and the prefix cache), as an engine that
+        flushes its cache on a weight update does: every continuing session re-prefills.
+        In-flight sequences keep their KV; their blocks are registered again as computed."""
+        for sid in list(self.sessions):
+            self.release_session(sid)
+        self.blocks.reset_prefix_cache()
+        for seq in self._in_flight():
+            seq.num_hashed_blocks = 0
 
     def incompatible_with(self, role: Role) -> list[Sequence]:
         """In-flight sequences that ``role`` cannot run."""

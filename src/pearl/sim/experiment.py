@@ -22,7 +22,6 @@ from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.report.svg import Chart, Series, render
 from pearl.sim.rl import RLSetting, run_policy
-from pearl.sim.worker import SimEngineConfig
 from pearl.workloads.agentic import get_profile
 from pearl.workloads.availability import (
     SEGMENTS,
@@ -45,7 +44,7 @@ def load_trace(name: str) -> AvailabilityTrace:
 
 
 def build_setting(cfg: RLExperimentConfig) -> RLSetting:
-    from pearl.sim.simulate import build_cost_model
+    from pearl.sim.simulate import build_cost_model, engine_config
 
     profile = get_profile(cfg.workload.profile)
     if cfg.workload.num_tasks or cfg.workload.group_size:
@@ -67,13 +66,7 @@ def build_setting(cfg: RLExperimentConfig) -> RLSetting:
         max_staleness=cfg.rl.max_staleness,
         overlap_batches=cfg.rl.overlap_batches,
         seed=cfg.workload.seed,
-        engine=SimEngineConfig(
-            block_size=cfg.sim.block_size,
-            max_num_batched_tokens=cfg.sim.max_num_batched_tokens,
-            max_num_seqs=cfg.sim.max_num_seqs,
-            max_model_len=cfg.sim.max_model_len,
-            fast_forward=cfg.sim.fast_forward,
-        ),
+        engine=engine_config(cfg.sim),
         decision=DecisionConfig(
             mode_switch_threshold=cfg.pd.mode_switch_threshold,
             ratio_change_threshold=cfg.pd.ratio_change_threshold,
@@ -129,7 +122,9 @@ def run_experiment(
         f"{setting.cost.model.name} TP{setting.cost.tp} {setting.cost.gpu.name}; "
         f"{setting.training_gpus} training + {setting.reserved_gpus} reserved + up to "
         f"{setting.max_preemptible_gpus} preemptible GPUs; workload {setting.profile.name} "
-        f"(batch {setting.profile.batch_size}); {len(cfg.policies)} policies x "
+        f"(batch {setting.profile.batch_size}); engine scheduling {cfg.sim.scheduling}"
+        f"{' (cache flushed on weight update)' if cfg.sim.flush_cache_on_weight_update else ''}; "
+        f"{len(cfg.policies)} policies x "
         f"{len(cfg.elastic.segments)} segments of {cfg.rl.duration_s:.0f} s"
     )
     jobs = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]

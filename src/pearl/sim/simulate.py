@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pearl.config import SimulateConfig, dump_config
+from pearl.config import SimSection, SimulateConfig, dump_config
 from pearl.report.run_folder import RunFolder
 from pearl.sim.costmodel import CostConstants, CostModel
 from pearl.sim.hardware import get_gpu
@@ -45,17 +45,26 @@ def build_batch(cfg: SimulateConfig) -> RolloutBatch:
     )
 
 
+def engine_config(sim: SimSection) -> SimEngineConfig:
+    """The simulated engine a config's ``sim`` section describes."""
+    return SimEngineConfig(
+        block_size=sim.block_size,
+        max_num_batched_tokens=sim.max_num_batched_tokens,
+        max_num_seqs=sim.max_num_seqs,
+        max_model_len=sim.max_model_len,
+        scheduling=sim.scheduling,
+        chunked_prefill_size=sim.chunked_prefill_size,
+        max_prefill_tokens=sim.max_prefill_tokens,
+        flush_cache_on_weight_update=sim.flush_cache_on_weight_update,
+        fast_forward=sim.fast_forward,
+    )
+
+
 def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
     """Run every configured deployment on the same batch; write the run folder."""
     cost = build_cost_model(cfg)
     batch = build_batch(cfg)
-    engine = SimEngineConfig(
-        block_size=cfg.sim.block_size,
-        max_num_batched_tokens=cfg.sim.max_num_batched_tokens,
-        max_num_seqs=cfg.sim.max_num_seqs,
-        max_model_len=cfg.sim.max_model_len,
-        fast_forward=cfg.sim.fast_forward,
-    )
+    engine = engine_config(cfg.sim)
     run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
     run.write_config(dump_config(cfg))
     reports = []

@@ -50,6 +50,12 @@ class SimEngineConfig:
     max_num_seqs: int = 256
     max_model_len: int = 40960
     local_prefill_max_tokens: int = 0
+    scheduling: str = "mixed"  # SchedulingMode: "mixed" or "sglang"
+    chunked_prefill_size: int = 8192  # sglang mode
+    max_prefill_tokens: int = 16384  # sglang mode
+    # Drop pinned sessions and the prefix cache when new weights are installed (SGLang's
+    # update_weights flush_cache=True): continuing sessions re-prefill their context.
+    flush_cache_on_weight_update: bool = False
     fast_forward: bool = True
     # Per-turn cost outside the engine (RPC to the worker, driver bookkeeping), paid before
     # the turn reaches the scheduler; 0 for an ideal in-process worker.
@@ -105,6 +111,9 @@ class SimulatedWorker:
                 max_model_len=cfg.max_model_len,
                 role=_engine_role(role),
                 local_prefill_max_tokens=cfg.local_prefill_max_tokens,
+                mode=cfg.scheduling,
+                chunked_prefill_size=cfg.chunked_prefill_size,
+                max_prefill_tokens=cfg.max_prefill_tokens,
             ),
             self.blocks,
         )
@@ -303,6 +312,8 @@ class SimulatedWorker:
                 await asyncio.sleep(pause)
             if self._pending_version is not None:
                 self.weight_version, self._pending_version = self._pending_version, None
+                if self.config.flush_cache_on_weight_update:
+                    sched.flush_prefix_cache()
             if not sched.has_work():
                 await self._sleep_until(None)
                 continue
