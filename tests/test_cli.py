@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -98,3 +99,29 @@ def test_thinking_headline_config_runs_in_worker_processes(tmp_path):
     assert "overlap_batches: true" in config_written
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert set(summary["throughput_tokens_per_s"]["segment1"]) == {"rlboost", "pearl"}
+
+
+def test_static_pd_runs_on_a_context_editing_profile(tmp_path):
+    """swe_thinking strips earlier turns' thinking from the context: the decode workers keep
+    the common prefix (no 'lost the KV' retry storm); every policy with a PD path runs."""
+    args = [
+        "simulate",
+        "--config",
+        str(Path(__file__).resolve().parents[1] / "configs" / "headline_thinking.yaml"),
+        "rl.duration_s=1500",
+        "workload.num_tasks=1",
+        "workload.group_size=4",
+        "elastic.segments=[segment2]",
+        "policies=[static-pd,pearl-pd]",
+        "sim.scheduling=sglang",
+        "processes=1",
+        f"logger.run_dir={tmp_path}",
+        "logger.run_name=pd",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "engine scheduling sglang" in result.output
+    assert "scheduling: sglang" in (tmp_path / "pd" / "config.yaml").read_text()
+    summary = json.loads((tmp_path / "pd" / "summary.json").read_text())
+    assert all(v > 0 for v in summary["throughput_tokens_per_s"]["segment2"].values())
+    assert summary["counters"]["static-pd@segment2"]["kv_transfer_retries"] == 0

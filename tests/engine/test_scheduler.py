@@ -283,7 +283,10 @@ def test_sglang_mode_runs_prefill_batches_alone_and_first():
     from pearl.engine.scheduler import SchedulingMode
 
     sched = make_scheduler(
-        num_blocks=256, budget=64, mode=SchedulingMode.SGLANG, chunked_prefill_size=16,
+        num_blocks=256,
+        budget=64,
+        mode=SchedulingMode.SGLANG,
+        chunked_prefill_size=16,
         max_prefill_tokens=24,
     )
     submit(sched, "a", range(1, 6), max_new=20)
@@ -312,7 +315,9 @@ def test_both_modes_generate_the_same_tokens():
     from pearl.engine.scheduler import SchedulingMode
 
     rng = random.Random(4)
-    reqs = [(f"r{i}", [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 60))]) for i in range(12)]
+    reqs = [
+        (f"r{i}", [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 60))]) for i in range(12)
+    ]
     results = []
     for mode in SchedulingMode:
         sched = make_scheduler(num_blocks=40, budget=16, mode=mode, chunked_prefill_size=12)

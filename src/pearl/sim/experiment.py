@@ -89,7 +89,8 @@ def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
         "policy": policy_name,
         "segment": segment,
         "throughput": result.throughput,
-        "steps": len(result.records),
+        "steps": len(result.counted),
+        "steps_run": len(result.records),
         "finished_at": result.finished_at,
         "rows": result.step_rows(),
         "events": result.events,
@@ -186,7 +187,7 @@ def _report(r: dict, log: Callable[[str], None]) -> dict:
     c = r["counters"]
     log(
         f"  {r['policy']:>14} @ {r['segment']:<9} {r['throughput']:9.1f} tok/s  "
-        f"{r['steps']:3d} steps  borrow {c['borrow_rounds']:>2}  role switches "
+        f"{r['steps']:3d} steps counted  borrow {c['borrow_rounds']:>2}  role switches "
         f"{c['role_switches']:>3}  ({r['wall_s']:.1f} s)"
     )
     return r
@@ -231,13 +232,15 @@ def _slug(text: str) -> str:
 
 
 def throughput_table(runs: list[dict], policies: list[str], segments: list[str]) -> str:
-    """Markdown: throughput per policy and segment, and ratios to ROLL and RLBoost+."""
+    """Markdown: throughput per policy and segment (over the steps completed within the
+    window, counted), and ratios to ROLL and RLBoost+."""
     by = {(r["policy"], r["segment"]): r["throughput"] for r in runs}
+    steps = {(r["policy"], r["segment"]): r["steps"] for r in runs}
     head = "| policy |"
     rule = "|---|"
     for s in segments:
-        head += f" {s} tok/s | x ROLL | vs RLBoost+ |"
-        rule += "---:|---:|---:|"
+        head += f" {s} tok/s | steps | x ROLL | vs RLBoost+ |"
+        rule += "---:|---:|---:|---:|"
     lines = [head, rule]
     for p in policies:
         line = f"| {p} |"
@@ -246,6 +249,6 @@ def throughput_table(runs: list[dict], policies: list[str], segments: list[str])
             roll, boost = by.get(("roll", s)), by.get(("rlboost", s))
             x_roll = f"{t / roll:.2f}x" if roll else "-"
             vs_boost = f"{100 * (t / boost - 1):+.1f}%" if boost else "-"
-            line += f" {t:.0f} | {x_roll} | {vs_boost} |"
+            line += f" {t:.0f} | {steps[(p, s)]} | {x_roll} | {vs_boost} |"
         lines.append(line)
     return "\n".join(lines)

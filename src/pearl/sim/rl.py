@@ -78,18 +78,27 @@ class RLRunResult:
     rollout_gpus: list[tuple[float, int]]  # (time, dedicated rollout GPUs the policy may use)
     counters: dict[str, float]
     wall_s: float
+    window_s: float = math.inf  # the run's duration: steps finished by then are counted
+
+    @property
+    def counted(self) -> list[StepRecord]:
+        """Steps completed (weights synced) within the window. A step that started before
+        the cutoff but ended after it is left out, so where a policy's last step happens
+        to fall cannot tilt its throughput."""
+        return [r for r in self.records if r.sync_finished - self.started_at <= self.window_s]
 
     @property
     def finished_at(self) -> float:
-        return self.records[-1].sync_finished if self.records else self.started_at
+        counted = self.counted
+        return counted[-1].sync_finished if counted else self.started_at
 
     @property
     def total_tokens(self) -> int:
-        return sum(r.rollout_tokens + r.train_tokens for r in self.records)
+        return sum(r.rollout_tokens + r.train_tokens for r in self.counted)
 
     @property
     def throughput(self) -> float:
-        """(rollout generated + training tokens) / time, over every completed step."""
+        """(rollout generated + training tokens) / time, over the counted steps."""
         elapsed = self.finished_at - self.started_at
         return self.total_tokens / elapsed if elapsed > 0 else 0.0
 
@@ -468,4 +477,5 @@ def run_policy(
         rollout_gpus=rollout_gpus,
         counters=counters,
         wall_s=time.perf_counter() - wall,
+        window_s=setting.duration_s,
     )
