@@ -56,7 +56,7 @@ def test_decode_costs_from_noisy_iterations_with_growing_contexts_within_5_perce
     A, c = 0.012, 2e-8  # 12 ms weight reads; 20 ns per context token read
     tr = RuntimeTracker(PRIOR, alpha=1.0)
     weighted_ctx = weighted_n = 0
-    for step in range(400):
+    for _step in range(400):
         n = int(rng.integers(1, 33))
         ctx = n * int(rng.integers(2_000, 30_000))
         k = int(rng.integers(1, 50))  # a fast-forwarded stretch of k iterations

@@ -337,7 +337,9 @@ def test_disaggregated_turns_with_edited_context_match_colocated(tiny_config):
             # Next turn keeps only the response's last 2 tokens (its answer), not its thinking.
             contexts.append(ctx + coloc.token_ids[-2:] + observation)
             held = ctx + coloc.token_ids[:-1]  # what D holds after turn 0
-            common = next(i for i, (a, b) in enumerate(zip(held, contexts[-1])) if a != b)
+            common = next(
+                i for i, (a, b) in enumerate(zip(held, contexts[-1], strict=False)) if a != b
+            )
             kept = common // 4 * 4  # block-aligned common prefix
             assert kept < len(ctx) + 2 and pd.kv_tokens_moved == len(ctx)
         else:

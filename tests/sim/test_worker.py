@@ -174,10 +174,10 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
     """Turn 2 drops turn 1's response (thinking stripped): the decode worker keeps the
     block-aligned common prefix and receives only what it lacks; nothing is retried."""
     from pearl.control.router import Router
-    from pearl.sim.network import Network
     from pearl.sim.costmodel import CostModel
     from pearl.sim.hardware import get_gpu
     from pearl.sim.models import load_model_shape
+    from pearl.sim.network import Network
     from pearl.sim.world import SimKVMover
 
     async def main():
