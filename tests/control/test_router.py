@@ -1,6 +1,7 @@
 """Router and agent loop over simulated workers in virtual time."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -157,3 +158,27 @@ def test_a_turn_cut_short_by_a_shrink_resumes_elsewhere_without_losing_tokens():
     assert len(out.token_ids) == 50 and len(out.logprobs) == 50
     assert out.token_ids[: len(partial.token_ids)] == partial.token_ids  # nothing generated is lost
     assert out.telemetry.decode_worker == "b" and router.turns_resumed == 1
+
+
+def test_agent_loop_reports_and_re_prefills_what_a_collapsed_observation_edits():
+    """Window of 2 observations: at turn 3 observation 1 collapses to 2 tokens, so the
+    context diverges inside it and everything after is prefilled again."""
+    traj = dataclasses.replace(trajectory(turns=4), observation_window=2)
+    traj = dataclasses.replace(traj, collapsed_observation_tokens=2)
+
+    async def main():
+        w = SimulatedWorker(
+            "w", FlatCost(), SimEngineConfig(num_kv_blocks=512, block_size=16), vocab_size=500
+        )
+        router = Router()
+        router.set_topology(colocated=[w])
+        result = await run_trajectory(traj, router, AsyncioClock(), AgentLoopConfig(500))
+        w.close()
+        return result
+
+    result = run_virtual(main)[0]
+    assert result.appended_tokens[:3] == [40, 15, 15]
+    # turn 3: previous context 40+8+15+8+15; new 40+8+(2)+8+15+8+15, common prefix 50
+    assert result.appended_tokens[3] + result.kept_tokens[3] == 96 - 50
+    # The worker reuses whole cached blocks up to the edit (48 tokens) and computes the rest.
+    assert result.turns[3].telemetry.prefill_tokens_computed == 96 - 48

@@ -302,3 +302,28 @@ def test_context_token_ids_concatenate_observations_and_kept_responses():
     )
     with pytest.raises(WorkloadError, match=r"responses\[1\] must hold 4 ids"):
         context_token_ids(traj, 2, vocab, 3, responses=[[1] * 5, [1]])
+
+
+def test_observation_window_collapses_old_observations_in_every_context():
+    turns = tuple(Turn(obs, 5, 5, 0.1) for obs in (10, 40, 50, 60, 70))
+    traj = Trajectory("t", 0, turns, observation_window=2, collapsed_observation_tokens=3)
+    # Turn 3 sees observations 2 and 3 whole, observation 1 collapsed to 3 tokens.
+    assert traj.observation_shown(1, 3) == 3 and traj.observation_shown(2, 3) == 50
+    assert traj.context_before(3) == 10 + 5 + 3 + 5 + 50 + 5 + 60
+    for k in range(len(turns)):
+        assert len(context_token_ids(traj, k, 97)) == traj.context_before(k)
+    ctx3 = context_token_ids(traj, 3, 97)
+    obs1 = observation_token_ids(traj, 1, 97)
+    assert ctx3[15:18] == obs1[:3]  # the stub is the observation's first tokens
+    with pytest.raises(WorkloadError, match="observation_window"):
+        Trajectory("t", 0, turns, observation_window=0)
+
+
+def test_profiles_with_an_observation_window_fit_more_turns_under_the_cap():
+    base = dataclasses.replace(get_profile("swe"), turns=Fixed(100), max_turns=100)
+    windowed = dataclasses.replace(base, observation_window=5, collapsed_observation_tokens=16)
+    a, b = (generate_batch(p, 1, 8, seed=1) for p in (base, windowed))
+    assert sum(t.num_turns for t in b.trajectories) > 1.5 * sum(t.num_turns for t in a.trajectories)
+    for traj in b.trajectories:
+        assert traj.observation_window == 5
+        assert traj.peak_context_tokens <= windowed.max_context_tokens

@@ -155,3 +155,17 @@ def test_non_utf8_file_is_a_trace_format_error(tmp_path):
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(TraceFormatError, match="not UTF-8"):
         load_trace(path)
+
+
+def test_observation_window_round_trips_through_a_trace():
+    import dataclasses
+
+    from pearl.workloads.agentic import generate_batch, get_profile
+    from pearl.workloads.traces import dumps_trace, loads_trace
+
+    profile = dataclasses.replace(
+        get_profile("tiny"), observation_window=2, collapsed_observation_tokens=4
+    )
+    batch = generate_batch(profile, 1, 2, seed=0)
+    again = loads_trace(dumps_trace(batch))
+    assert again.trajectories == batch.trajectories

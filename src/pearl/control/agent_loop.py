@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pearl.control.interfaces import Clock, TurnOutput, TurnRequest
 from pearl.control.router import Router
+from pearl.prefix import common_prefix_length
 from pearl.workloads.agentic import Trajectory, observation_token_ids
 
 
@@ -69,13 +70,24 @@ async def run_trajectory(
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
     context: list[int] = []
-    kept_response: list[int] = []  # the previous response's tokens the context keeps
+    previous: list[int] = []  # the last turn's context: what a prefill worker holds of it
+    observations: list[list[int]] = []
+    kept_responses: list[list[int]] = []  # each response's tokens the next contexts keep
     kept_before = 0
     for k, turn in enumerate(trajectory.turns):
-        observation = observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
-        # A new list per turn (one copy): the previous request may still hold the old one.
-        context = [*context, *kept_response, *observation]
-        result.appended_tokens.append(len(observation))
+        observations.append(
+            observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
+        )
+        # A new list per turn: the previous request may still hold the old one. The scaffold
+        # shows each observation whole or collapsed (outside the observation window).
+        context = list(observations[0])
+        for j in range(1, k + 1):
+            context += kept_responses[j - 1]
+            context += observations[j][: trajectory.observation_shown(j, k)]
+        # What a prefill worker must compute: the context past the previous one (kept
+        # response tail + observation when appending; more when the context was edited).
+        new = len(context) - common_prefix_length(previous, context)
+        result.appended_tokens.append(new - kept_before)
         result.kept_tokens.append(kept_before)
         request = TurnRequest(
             request_id=f"{sid}/t{k}",
@@ -91,12 +103,13 @@ async def run_trajectory(
         if on_turn is not None:
             on_turn(result, out)
         kept = turn.response_tokens_kept
-        kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
+        kept_responses.append(out.token_ids[len(out.token_ids) - kept :] if kept else [])
         kept_before = kept
+        previous = context
         env_start = clock.now()
         await clock.sleep(turn.env_latency_s)
         result.env_s.append(clock.now() - env_start)
-    result.context_tokens = len(context) + len(kept_response)
+    result.context_tokens = len(context) + len(kept_responses[-1])
     env_start = clock.now()
     await router.end_session(sid)
     await clock.sleep(trajectory.reward_latency_s)

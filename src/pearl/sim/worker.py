@@ -16,7 +16,8 @@ import asyncio
 import zlib
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
@@ -65,6 +66,18 @@ class SimEngineConfig:
     rpc_overhead_s: float = 0.0
 
 
+class TimeUse(StrEnum):
+    """Where a worker's time goes."""
+
+    PREFILL = "prefill"  # iterations with prefill chunks only
+    DECODE = "decode"  # iterations with decodes only
+    MIXED = "mixed"  # both in one forward pass (mixed scheduling)
+    IDLE_ENV = "idle_env"  # nothing to run while sessions it holds wait for their environment
+    IDLE_NO_WORK = "idle_no_work"  # nothing to run and nothing held
+    RECONFIGURING = "reconfiguring"  # paused between iterations to install weights
+    KV_TRANSFER = "kv_transfer"  # nothing to run while KV is on its way in
+
+
 @dataclass(slots=True)
 class WorkerCounters:
     iterations: int = 0
@@ -73,6 +86,15 @@ class WorkerCounters:
     busy_s: float = 0.0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    time_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TimeUse, 0.0))
+
+    def time_breakdown(self, elapsed_s: float) -> dict[str, float]:
+        """Seconds per ``TimeUse`` over a lifetime of ``elapsed_s``; what no state claims
+        (including before the first command) is idle with no work."""
+        out = {str(k): v for k, v in self.time_s.items()}
+        claimed = sum(v for k, v in self.time_s.items() if k is not TimeUse.IDLE_NO_WORK)
+        out[TimeUse.IDLE_NO_WORK.value] = max(0.0, elapsed_s - claimed)
+        return out
 
 
 def synthetic_token(session_id: str, position: int, vocab_size: int) -> int:
@@ -125,6 +147,8 @@ class SimulatedWorker:
         self._closed = False
         self._pause_s = 0.0
         self._pending_version: int | None = None
+        self._kv_inbound = 0  # KV transfers on their way to this worker
+        self._idle: tuple[TimeUse, float] | None = None  # (why, since) while idle
 
     # -- RolloutWorker -----------------------------------------------------------
     @property
@@ -309,19 +333,20 @@ class SimulatedWorker:
             self._drain_inbox()
             if self._pause_s > 0:  # a weight sync holds the engine between iterations
                 pause, self._pause_s = self._pause_s, 0.0
+                self.counters.time_s[TimeUse.RECONFIGURING] += pause
                 await asyncio.sleep(pause)
             if self._pending_version is not None:
                 self.weight_version, self._pending_version = self._pending_version, None
                 if self.config.flush_cache_on_weight_update:
                     sched.flush_prefix_cache()
             if not sched.has_work():
-                await self._sleep_until(None)
+                await self._idle_until_woken()
                 continue
             now = loop.time()
             out = sched.schedule(now)
             if out.is_empty:
                 self._finish(sched.postprocess(out, [], [], self.weight_version, now))
-                await self._sleep_until(None)  # blocked on memory until something changes
+                await self._idle_until_woken()  # blocked on memory until something changes
                 continue
             if self.config.fast_forward and self._can_fast_forward(out):
                 await self._fast_forward(out, now)
@@ -343,10 +368,54 @@ class SimulatedWorker:
             out, tokens, [0.0] * len(tokens), self.weight_version, now
         )
 
+    async def _idle_until_woken(self) -> None:
+        self._idle_begin()
+        try:
+            await self._sleep_until(None)
+        finally:
+            self._idle_end()
+
+    def _idle_begin(self) -> None:
+        if self._kv_inbound:
+            why = TimeUse.KV_TRANSFER
+        elif self.scheduler.sessions:
+            why = TimeUse.IDLE_ENV
+        else:
+            why = TimeUse.IDLE_NO_WORK  # the remainder in time_breakdown
+        self._idle = (why, asyncio.get_running_loop().time())
+
+    def _idle_end(self) -> None:
+        if self._idle is not None:
+            why, since = self._idle
+            self._idle = None
+            if why is not TimeUse.IDLE_NO_WORK:
+                self.counters.time_s[why] += asyncio.get_running_loop().time() - since
+
+    def kv_transfer_started(self) -> None:
+        """A KV transfer to this worker began (its idle time counts as waiting for KV)."""
+        self._kv_inbound += 1
+        if self._idle is not None:
+            self._idle_end()
+            self._idle_begin()
+
+    def kv_transfer_finished(self) -> None:
+        self._kv_inbound -= 1
+        if self._idle is not None:
+            self._idle_end()
+            self._idle_begin()
+
     def _account(self, out: SchedulerOutput, start: float, dt: float, iterations: int = 1) -> None:
         c = self.counters
         c.iterations += iterations
         c.busy_s += dt
+        use = (
+            TimeUse.MIXED
+            if out.prefills and out.decodes
+            else TimeUse.PREFILL
+            if out.prefills
+            else TimeUse.DECODE
+        )
+        c.time_s[use] += dt
         c.prefill_tokens += sum(ch.num_tokens for ch in out.prefills)
         c.decode_tokens += len(out.decodes) * iterations
         if self._on_iteration is not None:

@@ -77,9 +77,13 @@ class SimKVMover:
         if end <= start:
             return 0, 0.0
         nbytes = self.cost.kv_bytes(end - start)
-        seconds = await self.network.transfer(
-            self.gpus_of[src.worker_id], self.gpus_of[dst.worker_id], nbytes
-        )
+        dst.kv_transfer_started()
+        try:
+            seconds = await self.network.transfer(
+                self.gpus_of[src.worker_id], self.gpus_of[dst.worker_id], nbytes
+            )
+        finally:
+            dst.kv_transfer_finished()
         await dst.import_kv(session_id, token_ids, start, end)
         self.bytes_moved += nbytes
         self.transfers += 1
@@ -174,6 +178,8 @@ class FixedRolloutReport:
     prefill_tokens_cached: int
     mean_turn_latency_s: float
     worker_busy_fraction: list[float]
+    time_breakdown: list[dict[str, float]] = field(default_factory=list)
+    """Per worker: seconds per ``TimeUse`` over the makespan."""
     result: BatchResult | None = None
 
     @property
@@ -238,6 +244,7 @@ def simulate_fixed_rollout(
         worker_busy_fraction=[
             w.counters.busy_s / max(result.makespan_s, 1e-9) for w in cluster.workers
         ],
+        time_breakdown=[w.counters.time_breakdown(result.makespan_s) for w in cluster.workers],
         result=result,
     )
 

@@ -128,8 +128,25 @@ class Trajectory:
     env_setup_s: float = 0.0
     reward_latency_s: float = 0.0
     stop: StopReason = StopReason.DONE
+    observation_window: int | None = None
+    """Observations (after the prompt) older than the last ``observation_window`` are
+    collapsed to their first ``collapsed_observation_tokens`` tokens, as SWE-agent's
+    ``last_n_observations`` history processor does; None keeps them all."""
+    collapsed_observation_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.observation_window is not None and not (
+            _is_int(self.observation_window) and self.observation_window >= 1
+        ):
+            raise WorkloadError(
+                f"Trajectory.observation_window must be an int >= 1 or None, "
+                f"got {self.observation_window!r}"
+            )
+        if not _is_int(self.collapsed_observation_tokens) or self.collapsed_observation_tokens < 0:
+            raise WorkloadError(
+                "Trajectory.collapsed_observation_tokens must be an int >= 0, "
+                f"got {self.collapsed_observation_tokens!r}"
+            )
         if not isinstance(self.task_id, str) or not self.task_id:
             raise WorkloadError(f"Trajectory.task_id must be a non-empty str, got {self.task_id!r}")
         if not _is_int(self.index_in_group) or self.index_in_group < 0:
@@ -170,6 +187,15 @@ class Trajectory:
         """Length of the initial prompt (turn 0's observation)."""
         return self.turns[0].observation_tokens
 
+    def observation_shown(self, turn_index: int, at_turn: int) -> int:
+        """Tokens of turn ``turn_index``'s observation in the context of turn ``at_turn``
+        (all of them, or the collapsed stub once it left the observation window)."""
+        n = self.turns[turn_index].observation_tokens
+        window = self.observation_window
+        if turn_index == 0 or window is None or at_turn - turn_index < window:
+            return n
+        return min(n, self.collapsed_observation_tokens)
+
     def context_lengths(self) -> tuple[int, ...]:
         """Context length (prompt of the generation) before each turn's response, in order."""
         lengths = []
@@ -177,6 +203,9 @@ class Trajectory:
         for i, turn in enumerate(self.turns):
             if i:
                 context += self.turns[i - 1].response_tokens_kept
+                if self.observation_window is not None and i - self.observation_window >= 1:
+                    j = i - self.observation_window  # its observation collapses now
+                    context -= self.turns[j].observation_tokens - self.observation_shown(j, i)
             context += turn.observation_tokens
             lengths.append(context)
         return tuple(lengths)
@@ -543,6 +572,10 @@ class AgenticProfile:
             only min(response, draw) final tokens (the action) stay in the next context.
         image_tokens: tokens of one screenshot, drawn once per task (a task has one screen
             resolution); added to the initial prompt and to every observation. None = text only.
+        observation_window: keep only the last N observations whole (the prompt always);
+            older ones collapse to ``collapsed_observation_tokens`` (SWE-agent's
+            last_n_observations). Every collapse edits the context, so the engine re-prefills
+            from the collapsed observation on. None = keep everything.
         description: one line on what the profile models and where its numbers come from.
     """
 
@@ -565,6 +598,8 @@ class AgenticProfile:
     reward_latency_s: Dist = Fixed(0.0)
     kept_response_tokens: Dist | None = None
     image_tokens: Dist | None = None
+    observation_window: int | None = None
+    collapsed_observation_tokens: int = 0
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -884,9 +919,13 @@ def _trajectory(
     max_ctx = profile.max_context_tokens
     turns: list[Turn] = []
     context = 0
+    window, stub = profile.observation_window, profile.collapsed_observation_tokens
     # Only a draw the cap cut short is a turn-limit stop; one that lands on the cap finished.
     stop = StopReason.MAX_TURNS if drawn > profile.max_turns else StopReason.DONE
     for k in range(planned):
+        if window is not None and k - window >= 1:  # an observation leaves the window
+            old = turns[k - window].observation_tokens
+            context -= old - min(old, stub)
         # Draw every quantity of a turn before deciding whether it fits, so a turn's
         # values do not depend on the context cap (changing the cap only truncates).
         if k == 0:
@@ -927,6 +966,8 @@ def _trajectory(
         env_setup_s=env_setup_s,
         reward_latency_s=reward_latency_s,
         stop=stop,
+        observation_window=window,
+        collapsed_observation_tokens=stub,
     )
 
 
@@ -1141,5 +1182,6 @@ def context_token_ids(
             else:
                 previous = response_token_ids(trajectory, k - 1, vocab_size, seed, first_id)
             ids.extend(previous[len(previous) - turn.response_tokens_kept :])
-        ids.extend(observation_token_ids(trajectory, k, vocab_size, seed, first_id))
+        observation = observation_token_ids(trajectory, k, vocab_size, seed, first_id)
+        ids.extend(observation[: trajectory.observation_shown(k, turn_index)])
     return ids

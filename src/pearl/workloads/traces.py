@@ -6,6 +6,7 @@ line is one trajectory::
 
     {"task_id": "swe-s0-t0000", "index_in_group": 0, "shared_prefix_tokens": 2048,
      "env_setup_s": 3.2, "reward_latency_s": 28.0, "stop": "done",
+     "observation_window": 5, "collapsed_observation_tokens": 16,    (optional)
      "turns": [{"observation_tokens": 2512, "response_tokens": 143,
                 "response_tokens_kept": 143, "env_latency_s": 0.61}, ...]}
 
@@ -79,6 +80,8 @@ class _TrajectoryRecord(_Record):
     env_setup_s: _NonNegFloat = 0.0
     reward_latency_s: _NonNegFloat = 0.0
     stop: StopReason = StopReason.DONE
+    observation_window: Annotated[int, Field(ge=1)] | None = None
+    collapsed_observation_tokens: _NonNegInt = 0
     turns: Annotated[list[_TurnRecord], Field(min_length=1)]
 
 
@@ -105,6 +108,14 @@ def _trajectory_dict(traj: Trajectory) -> dict[str, object]:
         "env_setup_s": traj.env_setup_s,
         "reward_latency_s": traj.reward_latency_s,
         "stop": traj.stop.value,
+        **(
+            {
+                "observation_window": traj.observation_window,
+                "collapsed_observation_tokens": traj.collapsed_observation_tokens,
+            }
+            if traj.observation_window is not None
+            else {}
+        ),
         "turns": [
             {
                 "observation_tokens": t.observation_tokens,
@@ -202,6 +213,8 @@ def loads_trace(text: str, source: str = "<string>") -> RolloutBatch:
                 env_setup_s=record.env_setup_s,
                 reward_latency_s=record.reward_latency_s,
                 stop=record.stop,
+                observation_window=record.observation_window,
+                collapsed_observation_tokens=record.collapsed_observation_tokens,
             )
         except WorkloadError as exc:
             raise _fail(source, number, "turns", str(exc)) from None
