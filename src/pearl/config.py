@@ -53,7 +53,7 @@ class ClusterSection(_Section):
 
 class WorkloadSection(_Section):
     profile: str = Field(
-        "swe", description="workload profile: swe, swe_thinking, gui, search, game, tiny"
+        "swe", description="workload profile: swe, swe_thinking, swe_paper, gui, search, game, tiny"
     )
     num_tasks: int | None = Field(
         None, ge=1, description="tasks per batch (default: the profile's)"

@@ -111,8 +111,17 @@ def _parse_gpu(raw: Any, where: str) -> GPUSpec:
         raise ConfigError(f"{where}: {exc}") from exc
 
 
+SHIPPED_PROFILES = {
+    "paper-h800": "paper-h800.yaml",  # the paper's trainer, fitted to REGIME row C2
+}
+"""Profiles that ship with PEARL, by name (``cluster.profile: paper-h800``)."""
+
+
 def load_profile(path: str | Path) -> Profile:
-    """Read a profile file (YAML or JSON by suffix); errors name the file and the key."""
+    """Read a profile file (YAML or JSON by suffix), or a shipped profile by name; errors
+    name the file and the key."""
+    if str(path) in SHIPPED_PROFILES:
+        path = Path(__file__).parent / "data" / SHIPPED_PROFILES[str(path)]
     path = Path(path)
     kind = _format(path)
     try:

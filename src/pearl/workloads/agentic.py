@@ -842,9 +842,45 @@ def _tiny() -> AgenticProfile:
     )
 
 
+# Fitted to the paper's characterization (docs/regime.md; benchmarks/regime.py measures
+# every row). Each value is fitted to the one row named next to it; nothing else is tuned.
+SWE_PAPER_TURNS_MEDIAN = 85.0  # fitted to C4 (rollout -19.2% from 16 to 32 GPUs)
+SWE_PAPER_ENV_SCALE = 0.165  # fitted to C5 (216.3 s mean trajectory, one per worker)
+
+
+def _swe_paper() -> AgenticProfile:
+    """``swe_thinking`` in the paper's regime (docs/regime.md): what the paper does not
+    state is either cited or fitted to one characterization row."""
+    base = _swe(thinking=True)
+    scale = SWE_PAPER_ENV_SCALE
+    return dataclasses.replace(
+        base,
+        name="swe_paper",
+        # E (WORKLOADS.md): turns LogNormal(sigma 0.75) capped at 100; the median is fitted.
+        turns=LogNormal(median=SWE_PAPER_TURNS_MEDIAN, sigma=0.75),
+        # M: coding agents generate ~523 tokens per step (tracelab): LogNormal(350, 0.9) has
+        # mean 526. Qwen3's thinking precedes the action and is stripped from later turns,
+        # which keep the action (swe_thinking). Cap 8,192 as swe_thinking.
+        response_tokens=LogNormal(median=350, sigma=0.9, low=1, high=8_192),
+        # M: SWE-agent 0.7 keeps the last 5 observations whole and collapses older ones to
+        # "Old environment output: (n lines omitted)" (~10 tokens): last_n_observations n=5.
+        observation_window=5,
+        collapsed_observation_tokens=10,
+        # E (WORKLOADS.md) tool, setup and reward latencies, all scaled by one factor fitted
+        # to C5: the paper's sandboxes are faster than the suggested distributions.
+        env_overhead_s=base.env_overhead_s * scale,
+        env_latency_s=base.env_latency_s.scaled(scale),
+        env_setup_s=base.env_setup_s.scaled(scale),
+        reward_latency_s=base.reward_latency_s.scaled(scale),
+        description="SWE-bench coding agent in PEARL's regime (docs/regime.md: cited or fitted "
+        "to C4/C5 per parameter)",
+    )
+
+
 _PROFILES = {
     "swe": _swe,
     "swe_thinking": lambda: _swe(thinking=True),
+    "swe_paper": _swe_paper,
     "gui": _gui,
     "search": _search,
     "game": _game,
