@@ -53,7 +53,8 @@ def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     run = tmp_path / "h"
-    table = (run / "table.md").read_text()
+    table, times, steps = (run / "table.md").read_text().split("\n\n")[:3]
+    assert "| idle_env |" in times and "| roles at start |" in steps
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == [
         "roll",
         "rlboost",

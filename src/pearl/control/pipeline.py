@@ -71,6 +71,9 @@ class StepRecord:
     train_tokens: int = 0
     weight_versions: tuple[int, int] = (0, 0)  # oldest and newest version among the batch's turns
     result: BatchResult | None = field(default=None, repr=False)
+    # Where the rollout workers' time went since the previous batch ended (worker-seconds
+    # by use: prefill, decode, idle, ...), when the world measures it.
+    time_breakdown: dict[str, float] = field(default_factory=dict)
 
 
 class WeightSync:

@@ -30,7 +30,7 @@ from pearl.sim.clock import run_virtual
 from pearl.sim.costmodel import CostModel
 from pearl.sim.network import Network
 from pearl.sim.trainer import SimulatedTrainer
-from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker, TimeUse
 from pearl.sim.world import SimKVMover
 from pearl.workloads.agentic import AgenticProfile, generate_batch
 from pearl.workloads.availability import AvailabilityTrace
@@ -106,12 +106,15 @@ class RLRunResult:
         """One row per step: timings, tokens, throughput, and the GPU budget behind it."""
         rows = []
         previous = self.started_at
+        counted = self.counted
         for rec in self.records:
             duration = rec.sync_finished - previous
             rows.append(
                 {
                     "step": rec.step,
                     "time_s": round(rec.sync_finished - self.started_at, 6),
+                    "rollout_started_s": round(rec.rollout_started - self.started_at, 6),
+                    "counted": rec in counted,
                     "timing/step": duration,
                     "timing/rollout": rec.rollout_finished - rec.rollout_started,
                     "timing/train": rec.train_finished - rec.train_started,
@@ -125,6 +128,7 @@ class RLRunResult:
                         self.rollout_gpus, previous, rec.sync_finished
                     ),
                     "weights/oldest_version": rec.weight_versions[0],
+                    **{f"time/{k}_s": v for k, v in rec.time_breakdown.items()},
                 }
             )
             previous = rec.sync_finished
@@ -216,6 +220,35 @@ class _Factory:
         self.stopped += 1
 
 
+class _TimeBreakdown:
+    """Forwards the pipeline's hooks to the Elastic Scheduler; at each rollout batch's end
+    records where the rollout workers' time went since the previous one (worker-seconds per
+    ``TimeUse``; idle with no work is what the others leave of the active worker-seconds)."""
+
+    def __init__(self, elastic, workers, integrate, active, rows) -> None:
+        self.elastic, self.workers, self.integrate = elastic, workers, integrate
+        self.active, self.rows = active, rows
+        self._last: dict[str, float] = {}
+        self._last_active = 0.0
+
+    async def on_rollout_finished(self, step: int, result) -> None:
+        self.integrate()
+        totals = {str(u): sum(w.counters.time_s[u] for w in self.workers) for u in TimeUse}
+        row = {u: v - self._last.get(u, 0.0) for u, v in totals.items()}
+        worker_s = self.active["seconds"] - self._last_active
+        claimed = sum(v for u, v in row.items() if u != TimeUse.IDLE_NO_WORK)
+        row[str(TimeUse.IDLE_NO_WORK)] = max(0.0, worker_s - claimed)
+        self.rows.append(row)
+        self._last, self._last_active = totals, self.active["seconds"]
+        await self.elastic.on_rollout_finished(step, result)
+
+    async def on_training_begin(self, step: int) -> None:
+        await self.elastic.on_training_begin(step)
+
+    async def on_training_finished(self, step: int, weight_version: int) -> None:
+        await self.elastic.on_training_finished(step, weight_version)
+
+
 def prior_params(setting: RLSetting, bandwidth_Bps: float) -> WorkloadParams:
     """What the deployment knows before measuring anything: model and hardware sizes, and
     the cost model's iteration costs (A, b at half the profile's longest context,
@@ -281,6 +314,7 @@ def run_policy(
 
     events: list[dict] = []
     timeline: list[dict] = []
+    time_rows: list[dict[str, float]] = []
     rollout_gpus: list[tuple[float, int]] = []
 
     async def main() -> tuple[list[StepRecord], float, dict]:
@@ -304,7 +338,20 @@ def run_policy(
             for k in range(0, setting.training_gpus, tp)
         ]
 
+        # Active rollout worker-seconds, integrated over the table's changes: what the
+        # workers' time breakdown (prefill, decode, idle, ...) is a breakdown of.
+        active = {"workers": 0, "since": loop.time(), "seconds": 0.0}
+
+        def integrate() -> None:
+            now = loop.time()
+            active["seconds"] += active["workers"] * (now - active["since"])
+            active["since"] = now
+
         def record(snap: TableSnapshot) -> None:
+            integrate()
+            active["workers"] = sum(
+                1 for s in snap.slots if s.status is WorkerStatus.ACTIVE and not s.is_training
+            )
             counts: dict[str, int] = {}
             for s in snap.slots:
                 if s.status is WorkerStatus.ACTIVE and not s.is_training:
@@ -332,10 +379,16 @@ def run_policy(
             )
 
         gpus_of: dict[str, list[int]] = {}
+        made: list[SimulatedWorker] = []  # every worker started, for the time breakdown
 
         def make(slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
             wid = f"{'o' if slot.zone is Zone.OVERLAP else 'w'}{slot.slot_id}"
             gpus_of[wid] = list(slot.gpus)
+            worker = _make(wid, slot, role)
+            made.append(worker)
+            return worker
+
+        def _make(wid: str, slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
             if setting.check_invariants:
                 return _CheckedWorker(
                     wid,
@@ -423,7 +476,7 @@ def run_policy(
                 overlap_batches=setting.overlap_batches,
                 deadline_s=setting.duration_s,
             ),
-            listener=elastic,
+            listener=_TimeBreakdown(elastic, made, integrate, active, time_rows),
         )
         pipeline.on_trajectory = tracker.observe_result
         pipeline_box.append(pipeline)
@@ -451,6 +504,10 @@ def run_policy(
             "sessions_moved": router.sessions_moved,
             "trainer_busy_s": trainer.busy_s,
         }
+        by_worker = {
+            w.worker_id: {str(k): v for k, v in w.counters.time_s.items() if v} for w in made
+        }
+        counters["time_by_worker_s"] = by_worker
         for w in list(rebuilder.workers.values()) + (
             list(toggle.overlap.values()) if toggle else []
         ):
@@ -458,6 +515,8 @@ def run_policy(
         return records, t0, counters
 
     (records, t0, counters), _ = run_virtual(main)
+    for rec, times in zip(records, time_rows, strict=False):
+        rec.time_breakdown = times
     # Report times from the start of the run (t0: the initial workers are up).
     for rec in records:
         rec.rollout_started -= t0
