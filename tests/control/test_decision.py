@@ -38,7 +38,8 @@ def params(**overrides) -> WorkloadParams:
     """S=10, r=100, dL=1000, theta=1, A=0.01, b=0.001, t_prefill=1e-4, T_over=2, T_env=50,
     K=1e5, BW=1e10, K_seq=1e9, H_max=2e10, B=48. By hand, for these values:
       T_decode(N_D)  = 10*100*(0.01 + 0.001*48/(N_D*2))*2 = 20 + 48/N_D
-      T_prefill(N_P) = 10*(48*1000*1e-4/N_P + 48*1000*1e5/1e10) = 48/N_P + 4.8
+      T_prefill(N_P, N_D) = 10*(48*1000*1e-4/N_P + 48*1000*1e5/(1e10*min(N_P, N_D)))
+                          = 48/N_P + 4.8/min(N_P, N_D)
       KV: 48*1e9 <= N_D*2e10  <=>  N_D >= 3
     """
     base = dict(
@@ -70,13 +71,14 @@ def test_makespan_formulas_by_hand():
     assert colocated_makespan(p, 8) == approx(92.0)
     assert decode_path_makespan(p, 5) == approx(29.6)  # 20 + 48/5
     assert decode_path_makespan(p, 6) == approx(28.0)  # 20 + 48/6
-    assert prefill_path_makespan(p, 3) == approx(20.8)  # 48/3 + 4.8
-    assert disaggregated_makespan(p, 3, 5) == approx(79.6)  # max(20.8, 29.6) + 50
-    assert disaggregated_makespan(p, 2, 6) == approx(78.8)  # max(28.8, 28.0) + 50
-    assert predict_makespan(p, Topology.split(4, 4)) == approx(82.0)  # max(16.8, 32) + 50
+    assert prefill_path_makespan(p, 3, 5) == approx(17.6)  # 48/3 + 4.8/3
+    assert prefill_path_makespan(p, 3, 1) == approx(20.8)  # 48/3 + 4.8/1: one decode link
+    assert disaggregated_makespan(p, 3, 5) == approx(79.6)  # max(17.6, 29.6) + 50
+    assert disaggregated_makespan(p, 2, 6) == approx(78.0)  # max(26.4, 28.0) + 50
+    assert predict_makespan(p, Topology.split(4, 4)) == approx(82.0)  # max(13.2, 32) + 50
     assert predict_makespan(p, Topology.colocation(8)) == approx(92.0)
     # free transfer (BW = inf) drops the 4.8 s transfer term
-    assert prefill_path_makespan(params(pd_bandwidth_bytes_per_s=math.inf), 3) == approx(16.0)
+    assert prefill_path_makespan(params(pd_bandwidth_bytes_per_s=math.inf), 3, 5) == approx(16.0)
     assert bubble_ratio(0.5) == 1.0 and bubble_ratio(0.8) == approx(0.25)
 
 
@@ -86,13 +88,14 @@ def test_candidates_and_feasibility_by_hand():
     assert cands["8C"].makespan_s == approx(92.0) and cands["8C"].feasible
     # 1P7D: prefill path 52.8 > decode path 20 + 48/7 = 26.857 -> the prefill pool backs up
     assert cands["1P7D"].violations == (Infeasibility.PREFILL_BACKLOG,)
-    assert cands["2P6D"].violations == (Infeasibility.PREFILL_BACKLOG,)  # 28.8 > 28.0
+    # 2P6D: 24 + 4.8/2 = 26.4 <= 28.0 (two links move KV at once)
+    assert cands["2P6D"].feasible and cands["2P6D"].makespan_s == approx(78.0)
     assert cands["3P5D"].feasible and cands["5P3D"].feasible
     # 6P2D: 48e9 bytes of KV > 2 * 2e10
     assert cands["6P2D"].violations == (Infeasibility.KV_MEMORY,)
     assert cands["7P1D"].makespan_s == approx(118.0)  # 20 + 48 + 50
-    # the slack admits 2P6D: 28.8 <= 1.03 * 28.0 = 28.84
-    assert split_violations(params(), 2, 6, DecisionConfig(prefill_slack=0.03)) == ()
+    # a slack of 1 admits 1P7D: 52.8 <= 2 * 26.857
+    assert split_violations(params(), 1, 7, DecisionConfig(prefill_slack=1.0)) == ()
     # KV memory exactly full is feasible: 48e9 <= 3 * 1.6e10
     assert (
         split_violations(params(kv_capacity_bytes_per_worker=1.6e10), 5, 3, DecisionConfig()) == ()
@@ -101,43 +104,43 @@ def test_candidates_and_feasibility_by_hand():
 
 def test_best_split_beats_colocation_and_becomes_the_initial_topology():
     d = decide(params(), 8, None)
-    assert d.target == Topology.split(3, 5) and d.reason is FORCED
-    assert d.target_makespan_s == approx(79.6) and d.current_makespan_s is None
-    # with a 3% prefill slack the cheaper 2P6D (78.8) is admitted
-    assert decide(params(), 8, None, DecisionConfig(prefill_slack=0.03)).target == Topology(2, 6)
+    assert d.target == Topology.split(2, 6) and d.reason is FORCED
+    assert d.target_makespan_s == approx(78.0) and d.current_makespan_s is None
+    # a lower bandwidth backs 2P6D's prefill pool up (24 + 9.6/2 = 28.8 > 28): 3P5D
+    assert decide(params(pd_bandwidth_bytes_per_s=5e9), 8, None).target == Topology(3, 5)
 
 
 def test_mode_switch_when_the_gain_clears_the_mode_threshold():
     d = decide(params(), 8, Topology.colocation(8))
-    # (92.0 - 79.6) / 92.0 = 0.1348 > 0.05
-    assert (d.target, d.reason) == (Topology.split(3, 5), MODE)
+    # (92.0 - 78.0) / 92.0 = 0.152 > 0.05
+    assert (d.target, d.reason) == (Topology.split(2, 6), MODE)
     assert d.current_makespan_s == approx(92.0)
-    held = decide(params(), 8, Topology.colocation(8), DecisionConfig(mode_switch_threshold=0.14))
+    held = decide(params(), 8, Topology.colocation(8), DecisionConfig(mode_switch_threshold=0.16))
     assert (held.target, held.reason) == (Topology.colocation(8), KEEP)
 
 
 def test_small_mode_gain_keeps_colocation():
-    # T_over = 1: T_coloc(8) = 10*(0.6 + 1.6 + 1) + 50 = 82.0; gain to 3P5D = 2.4/82 = 0.029
+    # T_over = 1: T_coloc(8) = 10*(0.6 + 1.6 + 1) + 50 = 82.0; gain to 2P6D = 4/82 = 0.049
     d = decide(params(switch_overhead_s=1.0), 8, Topology.colocation(8))
     assert (d.target, d.reason) == (Topology.colocation(8), KEEP)
-    assert d.best.topology == Topology.split(3, 5)  # the model prefers it, hysteresis holds
+    assert d.best.topology == Topology.split(2, 6)  # the model prefers it, hysteresis holds
     assert not d.changed
 
 
 def test_ratio_change_uses_the_smaller_threshold():
-    # 4P4D = 82.0 -> 3P5D = 79.6: gain 2.4/82 = 0.0293 > 0.02
+    # 4P4D = 82.0 -> 2P6D = 78.0: gain 4/82 = 0.0488 > 0.02
     d = decide(params(), 8, Topology.split(4, 4))
-    assert (d.target, d.reason) == (Topology.split(3, 5), RATIO)
-    held = decide(params(), 8, Topology.split(4, 4), DecisionConfig(ratio_change_threshold=0.03))
+    assert (d.target, d.reason) == (Topology.split(2, 6), RATIO)
+    held = decide(params(), 8, Topology.split(4, 4), DecisionConfig(ratio_change_threshold=0.05))
     assert (held.target, held.reason) == (Topology.split(4, 4), KEEP)
     # same gain vs colocation (T_over=1: 82.0) is not enough for a mode switch, but is for a ratio
     d = decide(params(switch_overhead_s=1.0), 8, Topology.split(4, 4))
-    assert (d.target, d.reason) == (Topology.split(3, 5), RATIO)
+    assert (d.target, d.reason) == (Topology.split(2, 6), RATIO)
 
 
 def test_shrink_that_breaks_the_split_forces_a_change():
     # 4P4D with 7 workers left: the counts no longer sum to N_k.
-    # N_k=7: 2P5D = max(28.8, 29.6) + 50 = 79.6; 3P4D = 82; 4P3D = 86; 1P6D backs up;
+    # N_k=7: 2P5D = max(26.4, 29.6) + 50 = 79.6; 3P4D = 82; 4P3D = 86; 1P6D backs up;
     # T_coloc(7) = 10*(0.6857 + 1.6857 + 2) + 50 = 93.71
     d = decide(params(), 7, Topology.split(4, 4))
     assert (d.target, d.reason) == (Topology.split(2, 5), FORCED)
@@ -156,12 +159,12 @@ def test_no_feasible_split_falls_back_to_colocation():
 def test_forced_growth_stays_in_mode_unless_the_other_wins_by_the_mode_threshold():
     p = params(switch_overhead_s=1.0)
     # 8C plus one joiner, N_k=9: T_coloc(9) = 10*(0.5333 + 1.5333 + 1) + 50 = 80.667;
-    # best split 3P6D = max(20.8, 28) + 50 = 78.0; gain 2.667/80.667 = 0.033 < 0.05
+    # best split 2P7D = max(26.4, 26.857) + 50 = 76.857; gain 3.81/80.667 = 0.047 < 0.05
     d = decide(p, 9, Topology.colocation(8))
     assert (d.target, d.reason) == (Topology.colocation(9), FORCED)
     assert d.target_makespan_s == approx(80.0 + 2 / 3)
     free = decide(p, 9, Topology.colocation(8), DecisionConfig(mode_hysteresis_when_forced=False))
-    assert (free.target, free.reason) == (Topology.split(3, 6), FORCED)
+    assert (free.target, free.reason) == (Topology.split(2, 7), FORCED)
 
 
 def test_decision_serializes_for_the_event_log():
@@ -169,8 +172,8 @@ def test_decision_serializes_for_the_event_log():
     assert d["target"] == "4C" and d["reason"] == "forced"
     assert d["candidates"][2] == {
         "topology": "2P2D",
-        "makespan_s": pytest.approx(94.0),  # max(28.8, 44) + 50
-        "prefill_path_s": pytest.approx(28.8),
+        "makespan_s": pytest.approx(94.0),  # max(26.4, 44) + 50
+        "prefill_path_s": pytest.approx(26.4),
         "decode_path_s": pytest.approx(44.0),
         "violations": ["kv_memory"],
     }
@@ -254,7 +257,8 @@ def topologies(n: int):
 @given(workloads(), st.integers(1, 31))
 def test_more_workers_never_lengthen_a_path(p, n):
     assert decode_path_makespan(p, n + 1) <= decode_path_makespan(p, n)
-    assert prefill_path_makespan(p, n + 1) <= prefill_path_makespan(p, n)
+    assert prefill_path_makespan(p, n + 1, n + 1) <= prefill_path_makespan(p, n, n)
+    assert prefill_path_makespan(p, n + 1, 1) <= prefill_path_makespan(p, n, 1)
     assert colocated_makespan(p, n + 1) <= colocated_makespan(p, n)
 
 

@@ -48,7 +48,8 @@ class WorkloadParams:
     kv_bytes_per_token: float
     """[K] KV-cache bytes per token moved from a prefill to a decode worker."""
     pd_bandwidth_bytes_per_s: float
-    """[BW] bandwidth between the prefill and decode pools (``inf``: transfer is free)."""
+    """[BW] KV bandwidth of one prefill -> decode worker link (``inf``: transfer is free).
+    The pools move KV over ``min(N_P, N_D)`` such links at once."""
     kv_bytes_per_trajectory: float
     """[K_seq] KV-cache bytes one trajectory holds at its longest."""
     kv_capacity_bytes_per_worker: float
@@ -107,18 +108,23 @@ def decode_path_makespan(p: WorkloadParams, decode_workers: int) -> float:
     return S * r * (A + b * B / (N_D * (1 + theta))) * (1 + theta)
 
 
-def prefill_path_makespan(p: WorkloadParams, prefill_workers: int) -> float:
-    """Prefill path of a split with ``prefill_workers`` (N_P), plus an uncontended KV transfer."""
+def prefill_path_makespan(p: WorkloadParams, prefill_workers: int, decode_workers: int) -> float:
+    """Prefill path of a split with ``prefill_workers`` (N_P) and ``decode_workers`` (N_D),
+    plus an uncontended KV transfer over the pools' links."""
     _require_workers("prefill workers N_P", prefill_workers)
+    _require_workers("decode workers N_D", decode_workers)
     S, dL, B, N_P = p.turns, p.appended_tokens_per_turn, p.batch_trajectories, prefill_workers
-    t_prefill, K, BW = p.prefill_s_per_token, p.kv_bytes_per_token, p.pd_bandwidth_bytes_per_s
+    t_prefill, K = p.prefill_s_per_token, p.kv_bytes_per_token
+    # The paper's BW is the bandwidth between the pools; with per-link BW, that is
+    # min(N_P, N_D) links moving KV at once (each worker has its own NICs).
+    BW = p.pd_bandwidth_bytes_per_s * min(N_P, decode_workers)
     # T_prefill = S * ( B*dL*t_prefill/N_P + B*dL*K/BW )
     return S * (B * dL * t_prefill / N_P + B * dL * K / BW)
 
 
 def disaggregated_makespan(p: WorkloadParams, prefill_workers: int, decode_workers: int) -> float:
     """``T_dis = max(T_prefill, T_decode) + T_env``."""
-    T_prefill = prefill_path_makespan(p, prefill_workers)
+    T_prefill = prefill_path_makespan(p, prefill_workers, decode_workers)
     T_decode = decode_path_makespan(p, decode_workers)
     return max(T_prefill, T_decode) + p.env_time_s
 
@@ -192,7 +198,7 @@ def split_violations(
     violations: list[Infeasibility] = []
     if B * K_seq > N_D * H_max:
         violations.append(Infeasibility.KV_MEMORY)
-    T_prefill = prefill_path_makespan(p, prefill_workers)
+    T_prefill = prefill_path_makespan(p, prefill_workers, decode_workers)
     T_decode = decode_path_makespan(p, decode_workers)
     if T_prefill > (1 + config.prefill_slack) * T_decode:
         violations.append(Infeasibility.PREFILL_BACKLOG)
@@ -232,7 +238,7 @@ def evaluate_candidates(
     candidates = [Candidate(Topology.colocation(workers), colocated_makespan(p, workers))]
     for n_p in range(1, workers):
         n_d = workers - n_p
-        t_p, t_d = prefill_path_makespan(p, n_p), decode_path_makespan(p, n_d)
+        t_p, t_d = prefill_path_makespan(p, n_p, n_d), decode_path_makespan(p, n_d)
         candidates.append(
             Candidate(
                 Topology.split(n_p, n_d),

@@ -58,6 +58,8 @@ class TurnObservation:
     kept_tokens: int  # of the previous turn's response, kept in this turn's context
     env_time_s: float  # environment time after the turn
     decode_s: float  # first token to last token
+    kv_bytes: int = 0  # KV moved from a prefill to a decode worker for this turn
+    kv_seconds: float = 0.0  # how long that move took
 
 
 @dataclass(slots=True, frozen=True)
@@ -124,6 +126,8 @@ class RuntimeTracker:
                     kept_tokens=result.kept_tokens[k],
                     env_time_s=result.env_s[k],
                     decode_s=max(0.0, t.finished_at - first),
+                    kv_bytes=t.kv_bytes_moved,
+                    kv_seconds=t.kv_transfer_s,
                 )
             )
         self.observe_trajectory(
@@ -185,6 +189,12 @@ class RuntimeTracker:
                 # The batch's KV at its peak, per trajectory: K x mean final context.
                 out["kv_bytes_per_trajectory"] = FittedParameter(
                     self.prior.kv_bytes_per_token * sum(contexts) / len(contexts), len(contexts)
+                )
+            moves = [t for t in turns if t.kv_bytes > 0 and t.kv_seconds > 0]
+            if moves:
+                # One link's effective bandwidth, as the transfers saw it (contention included).
+                out["pd_bandwidth_bytes_per_s"] = FittedParameter(
+                    sum(t.kv_bytes for t in moves) / sum(t.kv_seconds for t in moves), len(moves)
                 )
             if makespan_s > 0:
                 decoding = sum(t.decode_s for t in turns)

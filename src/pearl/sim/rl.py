@@ -250,7 +250,8 @@ class _TimeBreakdown:
 
 
 def prior_params(setting: RLSetting, bandwidth_Bps: float) -> WorkloadParams:
-    """What the deployment knows before measuring anything: model and hardware sizes, and
+    """What the deployment knows before measuring anything: model and hardware sizes (the
+    bandwidth of one prefill -> decode worker link, ``bandwidth_Bps``), and
     the cost model's iteration costs (A, b at half the profile's longest context,
     t_prefill of a full chunk), which the tracker keeps where its data cannot identify
     them. The workload fields are placeholders, replaced by the first refit (nothing is
@@ -367,7 +368,7 @@ def run_policy(
 
         table.listeners.append(record)
 
-        tracker = RuntimeTracker(prior_params(setting, gpu.network_bandwidth_Bps))
+        tracker = RuntimeTracker(prior_params(setting, tp * gpu.network_bandwidth_Bps))
 
         def on_iteration(worker_id, start, dt, out, iterations) -> None:
             decodes = len(out.decodes)

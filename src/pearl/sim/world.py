@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pearl.control.agent_loop import AgentLoopConfig
@@ -103,6 +103,7 @@ class SimulatedCluster:
     workers: list[SimulatedWorker] = field(default_factory=list)
     network: Network | None = None
     gpus_of: dict[str, list[int]] = field(default_factory=dict)
+    on_iteration: Callable | None = None  # passed to every worker (see SimulatedWorker)
 
     def build(self) -> None:
         tp = self.cost.tp
@@ -134,7 +135,15 @@ class SimulatedCluster:
         for i in range(self.num_workers):
             wid = f"w{i}"
             self.gpus_of[wid] = list(range(i * tp, (i + 1) * tp))
-            self.workers.append(SimulatedWorker(wid, self.cost, engine, vocab_size=self.vocab_size))
+            self.workers.append(
+                SimulatedWorker(
+                    wid,
+                    self.cost,
+                    engine,
+                    vocab_size=self.vocab_size,
+                    on_iteration=self.on_iteration,
+                )
+            )
 
     async def deploy(self, deployment: Deployment) -> Router:
         """Assign roles for ``deployment`` and return a router over them."""
@@ -196,6 +205,7 @@ def simulate_fixed_rollout(
     token_seed: int = 0,
     size_kv_from_memory: bool = True,
     link_latency_s: float | None = None,
+    on_iteration: Callable | None = None,
 ) -> FixedRolloutReport:
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan."""
     cluster = SimulatedCluster(
@@ -205,6 +215,7 @@ def simulate_fixed_rollout(
         vocab_size,
         size_kv_from_memory,
         link_latency_s,
+        on_iteration=on_iteration,
     )
     cluster.build()
     loop = VirtualTimeLoop()

@@ -1,0 +1,135 @@
+"""The decision model against hindsight: what the PD Decision Engine chose for a batch vs
+the best of replaying that batch under colocation and under every P:D split.
+
+Online, the engine decides step i's topology from what the tracker refitted on step i-1.
+Here step i-1 runs colocated (the tracker observes its iterations and trajectories),
+the engine predicts every candidate for N workers, and step i's batch is replayed on
+every candidate with the same seeds. The gap between the chosen candidate's simulated
+makespan and the best one's measures the decision model itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pearl.control.decision import DecisionConfig, decide
+from pearl.control.tracker import IterationObservation, RuntimeTracker
+from pearl.sim.costmodel import CostModel
+from pearl.sim.rl import RLSetting, prior_params
+from pearl.sim.worker import SimEngineConfig
+from pearl.sim.world import Deployment, deployments_for, simulate_fixed_rollout
+from pearl.workloads.agentic import AgenticProfile, generate_batch
+
+
+@dataclass(slots=True, frozen=True)
+class CandidateOutcome:
+    label: str
+    predicted_s: float
+    simulated_s: float | None  # None: infeasible for the model and not replayed
+    feasible: bool
+
+
+@dataclass(slots=True, frozen=True)
+class StepSelection:
+    """One step: every candidate, the engine's choice and the hindsight best."""
+
+    step: int
+    workers: int
+    candidates: tuple[CandidateOutcome, ...]
+    chosen: str
+
+    @property
+    def best(self) -> CandidateOutcome:
+        return min(
+            (c for c in self.candidates if c.simulated_s is not None),
+            key=lambda c: c.simulated_s,
+        )
+
+    @property
+    def chosen_outcome(self) -> CandidateOutcome:
+        return next(c for c in self.candidates if c.label == self.chosen)
+
+    @property
+    def gap(self) -> float:
+        """Chosen simulated makespan over the best one, minus 1 (0: the engine was right)."""
+        return self.chosen_outcome.simulated_s / self.best.simulated_s - 1
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "workers": self.workers,
+            "chosen": self.chosen,
+            "best": self.best.label,
+            "gap": self.gap,
+            "candidates": [
+                {
+                    "topology": c.label,
+                    "predicted_s": c.predicted_s,
+                    "simulated_s": c.simulated_s,
+                    "feasible": c.feasible,
+                }
+                for c in self.candidates
+            ],
+        }
+
+
+def select_and_replay(
+    cost: CostModel,
+    profile: AgenticProfile,
+    engine: SimEngineConfig,
+    workers: int,
+    step: int,
+    seed: int = 0,
+    decision: DecisionConfig | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> StepSelection:
+    """Fit on batch ``step - 1`` (colocated), decide for ``workers``, replay batch ``step``
+    on every candidate (infeasible splits too, so the model's feasibility is checked)."""
+    if step < 1:
+        raise ValueError(f"step must be >= 1 (the decision uses step - 1), got {step}")
+    setting = RLSetting(cost, profile, engine=engine, seed=seed)
+    tracker = RuntimeTracker(prior_params(setting, cost.tp * cost.gpu.network_bandwidth_Bps))
+
+    def observe(worker_id, start, dt, out, iterations) -> None:
+        decodes = len(out.decodes)
+        context = sum(s.num_tokens for s in out.decodes) + decodes * (iterations - 1) // 2
+        prefill = sum(c.num_tokens for c in out.prefills)
+        tracker.observe_iteration(
+            IterationObservation(decodes, prefill, dt / iterations, context, iterations)
+        )
+
+    def batch(i: int):
+        return generate_batch(profile, seed=seed * 100_003 + i)
+
+    vocab = cost.model.vocab_size
+    previous = simulate_fixed_rollout(
+        batch(step - 1), cost, Deployment(colocated=workers), engine, vocab, on_iteration=observe
+    )
+    for traj in previous.result.trajectories:
+        tracker.observe_result(traj)
+    params = tracker.end_step(profile.batch_size, previous.result.makespan_s)
+    choice = decide(params, workers, None, decision or DecisionConfig())
+    predicted = {c.topology.label: c for c in choice.candidates}
+    outcomes = []
+    current = batch(step)
+    for deployment in deployments_for(workers):
+        label = deployment.label
+        c = predicted[label]
+        report = simulate_fixed_rollout(current, cost, deployment, engine, vocab)
+        log(
+            f"  step {step} {label:>6}: predicted {c.makespan_s:8.1f} s, simulated "
+            f"{report.makespan_s:8.1f} s{'' if c.feasible else ' (infeasible for the model)'}"
+        )
+        outcomes.append(CandidateOutcome(label, c.makespan_s, report.makespan_s, c.feasible))
+    return StepSelection(step, workers, tuple(outcomes), choice.target.label)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return math.nan
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
