@@ -10,7 +10,7 @@ from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.router import NoWorkerAvailable, Router
 from pearl.sim.clock import run_virtual
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
-from pearl.workloads.agentic import Trajectory, Turn
+from pearl.workloads.agentic import Trajectory, Turn, context_token_ids
 
 
 class FlatCost:
@@ -160,6 +160,16 @@ def test_a_turn_cut_short_by_a_shrink_resumes_elsewhere_without_losing_tokens():
     assert out.telemetry.decode_worker == "b" and router.turns_resumed == 1
 
 
+class RecordingRouter(Router):
+    def __init__(self):
+        super().__init__()
+        self.contexts = []
+
+    async def run_turn(self, turn):
+        self.contexts.append(list(turn.token_ids))
+        return await super().run_turn(turn)
+
+
 def test_agent_loop_reports_and_re_prefills_what_a_collapsed_observation_edits():
     """Window of 2 observations: at turn 3 observation 1 collapses to 2 tokens, so the
     context diverges inside it and everything after is prefilled again."""
@@ -170,13 +180,17 @@ def test_agent_loop_reports_and_re_prefills_what_a_collapsed_observation_edits()
         w = SimulatedWorker(
             "w", FlatCost(), SimEngineConfig(num_kv_blocks=512, block_size=16), vocab_size=500
         )
-        router = Router()
+        router = RecordingRouter()
         router.set_topology(colocated=[w])
         result = await run_trajectory(traj, router, AsyncioClock(), AgentLoopConfig(500))
         w.close()
-        return result
+        return result, router.contexts
 
-    result = run_virtual(main)[0]
+    result, contexts = run_virtual(main)[0]
+    # Every context is the workload's own definition of it, given the generated responses.
+    responses = [o.token_ids for o in result.turns]
+    for k, ctx in enumerate(contexts):
+        assert ctx == context_token_ids(traj, k, 500, responses=responses[:k])
     assert result.appended_tokens[:3] == [40, 15, 15]
     # turn 3: previous context 40+8+15+8+15; new 40+8+(2)+8+15+8+15, common prefix 50
     assert result.appended_tokens[3] + result.kept_tokens[3] == 96 - 50

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from pearl.control.interfaces import Clock, TurnOutput, TurnRequest
 from pearl.control.router import Router
-from pearl.prefix import common_prefix_length
 from pearl.workloads.agentic import Trajectory, observation_token_ids
 
 
@@ -70,23 +69,31 @@ async def run_trajectory(
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
     context: list[int] = []
-    previous: list[int] = []  # the last turn's context: what a prefill worker holds of it
-    observations: list[list[int]] = []
-    kept_responses: list[list[int]] = []  # each response's tokens the next contexts keep
+    kept_response: list[int] = []  # the previous response's tokens the context keeps
     kept_before = 0
+    starts: list[int] = []  # where each observation starts in the context
     for k, turn in enumerate(trajectory.turns):
-        observations.append(
-            observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
-        )
-        # A new list per turn: the previous request may still hold the old one. The scaffold
-        # shows each observation whole or collapsed (outside the observation window).
-        context = list(observations[0])
-        for j in range(1, k + 1):
-            context += kept_responses[j - 1]
-            context += observations[j][: trajectory.observation_shown(j, k)]
+        observation = observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
+        # The context the previous turn saw (a prefill worker holds it) stays valid up to
+        # `diverge`: its end when the scaffold only appends; earlier when it collapses an
+        # observation that left the observation window (SWE-agent's last_n_observations).
+        diverge = len(context)
+        old = k - trajectory.observation_window if trajectory.observation_window else 0
+        if old >= 1 and trajectory.observation_shown(old, k - 1) > (
+            shown := trajectory.observation_shown(old, k)
+        ):
+            cut = trajectory.observation_shown(old, k - 1) - shown
+            diverge = starts[old] + shown
+            starts[old + 1 :] = [s - cut for s in starts[old + 1 :]]
+            # A new list per turn: the previous request may still hold the old one.
+            context = context[:diverge] + context[diverge + cut :] + kept_response
+        else:
+            context = context + kept_response
+        starts.append(len(context))
+        context += observation
         # What a prefill worker must compute: the context past the previous one (kept
         # response tail + observation when appending; more when the context was edited).
-        new = len(context) - common_prefix_length(previous, context)
+        new = len(context) - diverge
         result.appended_tokens.append(new - kept_before)
         result.kept_tokens.append(kept_before)
         request = TurnRequest(
@@ -103,13 +110,12 @@ async def run_trajectory(
         if on_turn is not None:
             on_turn(result, out)
         kept = turn.response_tokens_kept
-        kept_responses.append(out.token_ids[len(out.token_ids) - kept :] if kept else [])
+        kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
         kept_before = kept
-        previous = context
         env_start = clock.now()
         await clock.sleep(turn.env_latency_s)
         result.env_s.append(clock.now() - env_start)
-    result.context_tokens = len(context) + len(kept_responses[-1])
+    result.context_tokens = len(context) + len(kept_response)
     env_start = clock.now()
     await router.end_session(sid)
     await clock.sleep(trajectory.reward_latency_s)

@@ -135,8 +135,22 @@ class BlockManager:
             for block_id in got:
                 ref[block_id] = 1
             table.extend(got)
-        for _ in range(need - take):
-            table.append(self._evict_lru())
+        if need > take:  # _evict_lru, inlined: with a full prefix cache this runs per block
+            evictable, by_hash, hashes, tokens = (
+                self._evictable,
+                self._by_hash,
+                self._hash,
+                self._tokens,
+            )
+            for _ in range(need - take):
+                block_id, _ = evictable.popitem(last=False)
+                h = hashes[block_id]
+                if by_hash.get(h) == block_id:
+                    del by_hash[h]
+                hashes[block_id] = NO_HASH
+                tokens[block_id] = ()
+                ref[block_id] = 1
+                table.append(block_id)
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
@@ -176,16 +190,6 @@ class BlockManager:
         if self._ref[block_id] == 0:
             self._evictable.pop(block_id, None)
         self._ref[block_id] += 1
-
-    def _evict_lru(self) -> int:
-        """Take the least recently used evictable block out of the cache, referenced once."""
-        block_id, _ = self._evictable.popitem(last=False)
-        h = self._hash[block_id]
-        if self._by_hash.get(h) == block_id:
-            del self._by_hash[h]
-        self._reset(block_id)
-        self._ref[block_id] = 1
-        return block_id
 
     def _reset(self, block_id: int) -> None:
         self._hash[block_id] = NO_HASH

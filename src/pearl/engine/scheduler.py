@@ -402,6 +402,13 @@ class Scheduler:
 
     def _attach_kv(self, seq: Sequence) -> None:
         """Start ``seq`` from its pinned session's KV, else from the prefix cache."""
+        pinned = self.sessions.get(seq.session_id) if seq.session_id is not None else None
+        if pinned is not None and seq.attach_hint is None:
+            # Keeps all of it for an append; for an edited context the block-aligned common
+            # prefix (what the prefix cache would find, without hashing every block again).
+            kept = self.match_session(seq.session_id, seq.token_ids)
+            if 0 < kept < seq.num_tokens:
+                seq.attach_hint = (pinned, kept)
         held = self._attachable_length(seq)
         if held:
             pinned = self.sessions.pop(seq.session_id)

@@ -444,13 +444,18 @@ class SimulatedWorker:
         # Never run past the blocks available: stepping would preempt there.
         bs = self.blocks.block_size
         free = self.blocks.num_free_blocks
+
+        def need(k: int) -> int:
+            return sum(
+                max(0, -(-(s.num_tokens + k - 1) // bs) - len(s.block_table)) for s in decodes
+            )
+
+        if need(steps) <= free:
+            return steps  # the common case: memory is not the limit
         lo, hi = 1, steps
         while lo < hi:  # largest k whose extra blocks (beyond step 1, already reserved) fit
             mid = (lo + hi + 1) // 2
-            need = sum(
-                max(0, -(-(s.num_tokens + mid - 1) // bs) - len(s.block_table)) for s in decodes
-            )
-            if need <= free:
+            if need(mid) <= free:
                 lo = mid
             else:
                 hi = mid - 1
