@@ -157,9 +157,15 @@ def test_the_gate_keeps_training_gpus_when_borrowing_does_not_pay():
     first, measured = gates[0], gates[1:]
     assert first["step"] == -1 and first["reason"] == "no measurements yet" and first["borrow"]
     assert measured and all(
-        e["borrow"] == ((e["R"] / e["B"]) * (e["T_ded"] - e["T_full"]) > e["T_toggle"])
+        e["borrow_by_model"] == ((e["R"] / e["B"]) * (e["T_ded"] - e["T_full"]) > e["T_toggle"])
         for e in measured
     )
+    # The model decides until borrowing's saving was measured; then the measurement does.
+    for e in measured:
+        if e["measured_saving"] is None:
+            assert e["borrow"] == e["borrow_by_model"]
+        else:
+            assert e["borrow"] == (e["measured_saving"] * e["T_ded"] > e["T_toggle"])
     assert gated.counters["borrow_rounds"] == sum(e["borrow"] for e in gates)
 
 

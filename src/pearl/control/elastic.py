@@ -233,6 +233,15 @@ class ElasticScheduler:
     async def on_rollout_finished(self, step: int, result: BatchResult) -> None:
         """Refit the model from the finished batch and re-decide the roles."""
         if self.tracker is not None:
+            if self.toggle is not None:
+                # What borrowing bought, measured: this batch against the model's prediction
+                # for the dedicated workers (before the refit, as the gate saw it).
+                n_ded = len(set(self.rebuilder.workers) - set(self.toggle.overlap))
+                predicted = self.decider.best_makespan(n_ded)
+                if predicted is not None:
+                    self.tracker.observe_borrowing(
+                        result.makespan_s, predicted, borrowed=self.toggle.borrowed
+                    )
             params = self.tracker.end_step(len(result.trajectories), result.makespan_s)
             report = {k: v.to_dict() for k, v in self.tracker.fit_report.items()}
             self.log({"kind": "refit", "step": step, "params": _params(params), "fit": report})
@@ -283,7 +292,12 @@ class ElasticScheduler:
             return ok
         lat = self.tracker.toggle_cost_s.value if self.tracker is not None else None
         t_toggle = lat if lat is not None else self.toggle.activate_s + self.toggle.deactivate_s
-        ok = borrow_gate(R, B, t_ded, t_full, t_toggle)
+        by_model = borrow_gate(R, B, t_ded, t_full, t_toggle)
+        # The paper's formula is the prior; once batches with and without borrowing were
+        # both measured, what borrowing actually saved replaces the model's (T_ded - T_full)
+        # (the measured saving already reflects how late in a batch borrowing starts).
+        saving = self.tracker.measured_borrow_saving() if self.tracker is not None else None
+        ok = by_model if saving is None else saving * t_ded > t_toggle
         self.log(
             {
                 "kind": "gate",
@@ -293,6 +307,8 @@ class ElasticScheduler:
                 "T_ded": t_ded,
                 "T_full": t_full,
                 "T_toggle": t_toggle,
+                "borrow_by_model": by_model,
+                "measured_saving": saving,
                 "borrow": ok,
             }
         )

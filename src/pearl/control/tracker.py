@@ -97,8 +97,10 @@ class RuntimeTracker:
         self._trajectories: list[TrajectoryObservation] = []
         self._ema: dict[str, Ema] = {}
         self.toggle_cost_s = Ema(alpha)
-        self.step_time_borrowed_s = Ema(alpha)
-        self.step_time_dedicated_s = Ema(alpha)
+        # Observed batch makespan over the model's prediction for the dedicated workers,
+        # for batches that borrowed training GPUs and batches that did not.
+        self.makespan_ratio_borrowed = Ema(alpha)
+        self.makespan_ratio_dedicated = Ema(alpha)
         self.params = prior
         self.fit_report: dict[str, FittedParameter] = {}
         self.steps = 0
@@ -140,8 +142,21 @@ class RuntimeTracker:
         """Activation plus return cost of one borrowing round (T_toggle)."""
         self.toggle_cost_s.update(seconds)
 
-    def observe_step_time(self, seconds: float, borrowed: bool) -> None:
-        (self.step_time_borrowed_s if borrowed else self.step_time_dedicated_s).update(seconds)
+    def observe_borrowing(
+        self, makespan_s: float, predicted_dedicated_s: float, borrowed: bool
+    ) -> None:
+        """A finished batch's makespan against the model's dedicated-only prediction."""
+        if makespan_s > 0 and predicted_dedicated_s > 0:
+            ema = self.makespan_ratio_borrowed if borrowed else self.makespan_ratio_dedicated
+            ema.update(makespan_s / predicted_dedicated_s)
+
+    def measured_borrow_saving(self) -> float | None:
+        """The fraction of the dedicated makespan that borrowing saved, as measured (None
+        until batches with and without borrowing were both seen)."""
+        b, d = self.makespan_ratio_borrowed.value, self.makespan_ratio_dedicated.value
+        if b is None or d is None:
+            return None
+        return (d - b) / d
 
     # -- refit ---------------------------------------------------------------------
     def end_step(self, batch_size: int, makespan_s: float) -> WorkloadParams:
