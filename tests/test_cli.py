@@ -126,3 +126,23 @@ def test_static_pd_runs_on_a_context_editing_profile(tmp_path):
     summary = json.loads((tmp_path / "pd" / "summary.json").read_text())
     assert all(v > 0 for v in summary["throughput_tokens_per_s"]["segment2"].values())
     assert summary["counters"]["static-pd@segment2"]["kv_transfer_retries"] == 0
+
+
+def test_workloads_no_worker_can_hold_are_rejected_up_front(tmp_path):
+    result = CliRunner().invoke(
+        app, ["simulate", "kind=rl", "sim.max_model_len=8000", f"logger.run_dir={tmp_path}"]
+    )
+    assert result.exit_code == 2
+    assert "sim.max_model_len is 8000" in result.output and "32768" in result.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "model.name=Qwen3-32B",
+            "cluster.tp=1",
+            "cluster.gpu=A100-80G",
+            f"logger.run_dir={tmp_path}",
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert "holds the KV of" in result.output

@@ -44,7 +44,7 @@ def load_trace(name: str) -> AvailabilityTrace:
 
 
 def build_setting(cfg: RLExperimentConfig) -> RLSetting:
-    from pearl.sim.simulate import build_cost_model, engine_config
+    from pearl.sim.simulate import build_cost_model, check_fits, engine_config
 
     profile = get_profile(cfg.workload.profile)
     if cfg.workload.num_tasks or cfg.workload.group_size:
@@ -56,8 +56,15 @@ def build_setting(cfg: RLExperimentConfig) -> RLSetting:
             group_size=cfg.workload.group_size or profile.group_size,
         )
     c = cfg.cluster
+    cost = build_cost_model(cfg)  # type: ignore[arg-type]
+    check_fits(
+        cost,
+        engine_config(cfg.sim),
+        profile.max_context_tokens,
+        f"workload {profile.name} (max_context_tokens)",
+    )
     return RLSetting(
-        cost=build_cost_model(cfg),  # type: ignore[arg-type]
+        cost=cost,
         profile=profile,
         reserved_gpus=c.reserved_gpus,
         max_preemptible_gpus=c.max_preemptible_gpus,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pearl.config import SimSection, SimulateConfig, dump_config
+from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.sim.costmodel import CostConstants, CostModel
 from pearl.sim.hardware import get_gpu
@@ -60,11 +61,30 @@ def engine_config(sim: SimSection) -> SimEngineConfig:
     )
 
 
+def check_fits(cost: CostModel, engine: SimEngineConfig, longest: int, what: str) -> None:
+    """Reject up front a workload whose longest sequence (``longest`` tokens) no worker can
+    hold: beyond ``sim.max_model_len`` or beyond one worker's KV memory."""
+    capacity = cost.kv_capacity_tokens()
+    where = f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}"
+    if longest >= engine.max_model_len:
+        raise ConfigError(
+            f"{what} reaches {longest} tokens, but sim.max_model_len is {engine.max_model_len}; "
+            f"raise sim.max_model_len above {longest} or shorten the workload"
+        )
+    if longest + 1 > capacity:
+        raise ConfigError(
+            f"{what} reaches {longest} tokens, but one worker of {where} holds the KV of "
+            f"{capacity} tokens; use a larger TP (cluster.tp) or a GPU with more memory"
+        )
+
+
 def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
     """Run every configured deployment on the same batch; write the run folder."""
     cost = build_cost_model(cfg)
     batch = build_batch(cfg)
     engine = engine_config(cfg.sim)
+    longest = max(t.peak_context_tokens for t in batch.trajectories)
+    check_fits(cost, engine, longest, f"workload {cfg.workload.trace or cfg.workload.profile}")
     run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
     run.write_config(dump_config(cfg))
     reports = []
@@ -96,6 +116,10 @@ def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
                 "sim/iterations": report.iterations,
                 "sim/fast_forwarded_iterations": report.fast_forwarded_iterations,
                 "sim/timer_events": report.timer_events,
+                **{
+                    f"time/{use}_s": sum(w[use] for w in report.time_breakdown)
+                    for use in (report.time_breakdown[0] if report.time_breakdown else {})
+                },
             }
         )
         for traj in report.result.trajectories:
