@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pearl.cli import app
@@ -146,3 +147,23 @@ def test_workloads_no_worker_can_hold_are_rejected_up_front(tmp_path):
     )
     assert result.exit_code == 2, result.output
     assert "holds the KV of" in result.output
+
+
+@pytest.mark.parametrize(
+    "config", ["headline.yaml", "headline_thinking.yaml", "headline_paper.yaml"]
+)
+def test_every_shipped_headline_config_runs_every_policy(tmp_path, config):
+    """Each shipped config, all seven policies, on a one-minute tiny workload."""
+    args = headline_args(config, tmp_path, "all", "elastic.segments=[segment2]", "processes=1")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "all" / "summary.json").read_text())
+    assert set(summary["throughput_tokens_per_s"]["segment2"]) == {
+        "roll",
+        "roll-large",
+        "rlboost",
+        "static-pd",
+        "pearl-pd",
+        "pearl-ungated",
+        "pearl",
+    }
