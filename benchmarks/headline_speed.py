@@ -16,6 +16,7 @@ times vary by 10-20% run to run.
     .venv/bin/python benchmarks/headline_speed.py                   # segment1, ~6 min
     .venv/bin/python benchmarks/headline_speed.py --skip-baseline   # current only, ~2 min
     .venv/bin/python benchmarks/headline_speed.py --segment segment2 --model Qwen3-30B-A3B
+    .venv/bin/python benchmarks/headline_speed.py --config configs/headline_paper.yaml --skip-baseline
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ TARGET_WALL_S = 120.0
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "headline.yaml"
 
 
-def run(segment: str, model: str, overrides: list[str], run_dir: str) -> dict:
+def run(config: str, segment: str, model: str, overrides: list[str], run_dir: str) -> dict:
     cfg = load_simulate_config(
-        str(CONFIG),
+        config,
         [
             f"elastic.segments=[{segment}]",
             f"model.name={model}",
@@ -57,6 +58,7 @@ def run(segment: str, model: str, overrides: list[str], run_dir: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(CONFIG), help="an rl config (headline_paper.yaml ...)")
     ap.add_argument("--segment", default="segment1")
     ap.add_argument("--model", default="Qwen3-8B")
     ap.add_argument("--skip-baseline", action="store_true")
@@ -64,17 +66,20 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        results = {"current": run(args.segment, args.model, [], tmp)}
+        results = {"current": run(args.config, args.segment, args.model, [], tmp)}
         if not args.skip_baseline:
-            results["baseline"] = run(args.segment, args.model, ["sim.block_size=16"], tmp)
+            results["baseline"] = run(
+                args.config, args.segment, args.model, ["sim.block_size=16"], tmp
+            )
 
-    print(f"{args.model}, {args.segment}, all policies, 2 processes")
+    print(f"{Path(args.config).name}: {args.model}, {args.segment}, all policies, 2 processes")
     print(f"{'config':<10} {'block':>5} {'wall s':>8}  per-run wall s")
     for name, r in results.items():
         runs = ", ".join(f"{p} {v['wall_s']:.0f}" for p, v in r["runs"].items())
         print(f"{name:<10} {r['block_size']:>5} {r['wall_s']:>8.1f}  {runs}")
     report = {
         "machine": platform.platform(),
+        "config": args.config,
         "segment": args.segment,
         "model": args.model,
         "results": results,

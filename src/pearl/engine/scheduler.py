@@ -429,6 +429,8 @@ class Scheduler:
     ) -> bool:
         """Make ``seq``'s block table cover ``num_tokens``; unpin sessions, then preempt
         later arrivals not yet scheduled this iteration. False if ``seq`` must wait."""
+        if len(seq.block_table) * self.blocks.block_size >= num_tokens:
+            return True  # already covered (most decode steps)
         while True:
             try:
                 self.blocks.allocate(seq, num_tokens)
@@ -479,11 +481,13 @@ class Scheduler:
             seq.num_computed_tokens = chunk.end
             seq.telemetry.prefill_tokens_computed += chunk.num_tokens
             self.blocks.commit(seq)
+        bs = self.blocks.block_size
         for seq in out.decodes:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 seq.telemetry.prefill_tokens_computed += 1  # a prompt's last token, run as a decode
             seq.num_computed_tokens += 1
-            self.blocks.commit(seq)
+            if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block just filled
+                self.blocks.commit(seq)
         samplers = out.sampling_sequences()
         assert len(samplers) == len(sampled_tokens) == len(sampled_logprobs)
         cfg = self.config
