@@ -19,10 +19,11 @@ import argparse
 import json
 import time
 from pathlib import Path
+from statistics import median
 
 from pearl.config import load_simulate_config
 from pearl.control.decision import DecisionConfig
-from pearl.sim.ratio_selection import median, select_and_replay
+from pearl.sim.ratio_selection import select_and_replay
 from pearl.sim.simulate import build_cost_model, engine_config
 from pearl.workloads.agentic import get_profile
 

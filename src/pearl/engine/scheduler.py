@@ -322,12 +322,8 @@ class Scheduler:
                 # Out of memory: drop what the head attached (full blocks stay cached) and wait.
                 self.blocks.release(seq)
                 break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._admit_head(now)
             scheduled.add(id(seq))
-            if seq.telemetry.started_at is None:
-                seq.telemetry.started_at = now
         return out
 
     def _schedule_prefill_first(self, now: float) -> SchedulerOutput:
@@ -372,11 +368,7 @@ class Scheduler:
             if not ok:
                 self.blocks.release(seq)
                 break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            if seq.telemetry.started_at is None:
-                seq.telemetry.started_at = now
+            self._admit_head(now)
         if out.prefills:
             return out
 
@@ -388,6 +380,14 @@ class Scheduler:
                 out.decodes.append(seq)
                 scheduled.add(id(seq))
         return out
+
+    def _admit_head(self, now: float) -> None:
+        """Move the head of the waiting queue (its KV reserved) into the running set."""
+        seq = self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        if seq.telemetry.started_at is None:
+            seq.telemetry.started_at = now
 
     def _schedule_prefill(
         self, seq: Sequence, budget: int, out: SchedulerOutput, scheduled: set[int]

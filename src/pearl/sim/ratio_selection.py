@@ -10,7 +10,6 @@ makespan and the best one's measures the decision model itself.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -124,12 +123,3 @@ def select_and_replay(
         )
         outcomes.append(CandidateOutcome(label, c.makespan_s, report.makespan_s, c.feasible))
     return StepSelection(step, workers, tuple(outcomes), choice.target.label)
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        return math.nan
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
