@@ -1,0 +1,33 @@
+"""The regime rows and the ratio-selection replay run and report consistent numbers."""
+
+import dataclasses
+
+from pearl.sim.costmodel import CostModel
+from pearl.sim.hardware import get_gpu
+from pearl.sim.models import load_model_shape
+from pearl.sim.ratio_selection import select_and_replay
+from pearl.sim.regime import RegimeSetting, Row, measure
+from pearl.sim.worker import SimEngineConfig
+from pearl.workloads.agentic import get_profile
+
+TINY = dataclasses.replace(get_profile("tiny"), num_tasks=1, group_size=4)
+
+
+def test_regime_rows_cover_c2_to_c8_and_judge_by_the_tolerance():
+    rows = measure(RegimeSetting(TINY, SimEngineConfig(block_size=64, scheduling="sglang")))
+    assert [r.id for r in rows][:2] == ["C2", "C3"] and rows[-1].id == "C8"
+    assert {r.id for r in rows} == {"C2", "C3", "C4", "C5", "C6", "C7", "C8"}
+    for r in rows:
+        assert r.sim == r.sim  # not NaN
+        assert r.ok == (r.sim < r.target if r.upper_bound else abs(r.sim / r.target - 1) <= 0.15)
+    assert Row("C9", "x", 100.0, 114.0).ok and not Row("C9", "x", 100.0, 116.0).ok
+
+
+def test_ratio_selection_replays_every_candidate_and_measures_the_gap():
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+    sel = select_and_replay(cost, TINY, SimEngineConfig(block_size=64), workers=3, step=1)
+    assert [c.label for c in sel.candidates] == ["3C", "1P2D", "2P1D"]
+    assert all(c.simulated_s > 0 and c.predicted_s > 0 for c in sel.candidates)
+    assert sel.chosen in {c.label for c in sel.candidates}
+    assert sel.best.simulated_s == min(c.simulated_s for c in sel.candidates)
+    assert sel.gap >= 0 and sel.to_dict()["best"] == sel.best.label
