@@ -148,7 +148,9 @@ def run_experiment(
         order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
         # A multiprocessing pool, not concurrent.futures: leaving the block on an error or
         # Ctrl-C terminates the workers at once instead of waiting for their runs to end.
-        with ctx.Pool(min(cfg.processes, len(jobs))) as pool:
+        # One fresh process per run: a long run's memory (its steps' turn outputs) is
+        # returned to the system when it ends instead of piling up in a long-lived worker.
+        with ctx.Pool(min(cfg.processes, len(jobs)), maxtasksperchild=1) as pool:
             args = [(cfg_json, p, s) for p, s in order]
             for result in pool.imap_unordered(_run_one_job, args):
                 results[(result["policy"], result["segment"])] = _report(result, log)
