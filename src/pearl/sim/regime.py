@@ -14,7 +14,6 @@ worker (C5), Qwen3-30B-A3B colocated on 16 GPUs (§3.2, C7).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,9 +78,8 @@ def _cost(s: RegimeSetting, model: str) -> CostModel:
 
 def _run(s: RegimeSetting, batch: RolloutBatch, model: str, workers: int) -> FixedRolloutReport:
     cost = _cost(s, model)
-    engine = dataclasses.replace(s.engine)
     return simulate_fixed_rollout(
-        batch, cost, Deployment(colocated=workers), engine, vocab_size=cost.model.vocab_size
+        batch, cost, Deployment(colocated=workers), s.engine, vocab_size=cost.model.vocab_size
     )
 
 
@@ -164,8 +162,3 @@ def measure(s: RegimeSetting, log: Callable[[str], None] = lambda line: None) ->
             upper_bound=True,
         ),
     ]
-
-
-def busy_fraction(report: FixedRolloutReport) -> float:
-    """Mean fraction of the makespan the workers computed."""
-    return sum(report.worker_busy_fraction) / len(report.worker_busy_fraction)
