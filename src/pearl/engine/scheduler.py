@@ -35,7 +35,6 @@ from pearl.errors import (
     KVTransferError,
     RequestError,
 )
-from pearl.prefix import common_prefix_length
 
 
 class InFlight(StrEnum):
@@ -185,7 +184,7 @@ class Scheduler:
         held = pinned.num_computed_tokens
         if not isinstance(token_ids, list):
             token_ids = list(token_ids)
-        common = common_prefix_length(pinned.token_ids, token_ids, held)
+        common = _common_prefix_length(pinned.token_ids, token_ids, held)
         if common == held:
             return held
         bs = self.blocks.block_size
@@ -651,3 +650,23 @@ class Scheduler:
         """Block tables of everything holding KV (for invariant checks)."""
         tables = [s.block_table for s in self._in_flight() if s.block_table]
         return tables + [s.block_table for s in self.sessions.values()]
+
+
+def _common_prefix_length(a: Sequence_[int], b: Sequence_[int], limit: int | None = None) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (at most ``limit``).
+
+    Both must be the same sequence type (list vs list): slices are compared in bulk,
+    bisecting on the first difference, so the cost is a few C-speed passes, not a Python
+    loop per token.
+    """
+    n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
