@@ -17,6 +17,7 @@ from pearl.control.decision import (
     bubble_ratio,
     colocated_makespan,
     decide,
+    decide_split,
     decode_path_makespan,
     disaggregated_makespan,
     evaluate_candidates,
@@ -154,6 +155,23 @@ def test_no_feasible_split_falls_back_to_colocation():
     assert (d.target, d.reason) == (Topology.colocation(4), FORCED)
     assert d.target_makespan_s == approx(104.0)
     assert decide(params(), 1, Topology.split(1, 1)).target == Topology.colocation(1)
+
+
+def test_forced_disaggregation_takes_the_best_split_even_when_colocation_wins():
+    # T_over = 0: T_coloc(8) = 10*(0.6 + 1.6) + 50 = 72 beats every split (2P6D = 78)
+    p = params(switch_overhead_s=0.0)
+    assert decide(p, 8, None).target == Topology.colocation(8)
+    d = decide_split(p, 8, None)
+    assert (d.target, d.reason) == (Topology.split(2, 6), FORCED)
+    # from 4P4D (82): 78 is a 4.9% gain, over the 2% ratio threshold; under 5% it stays
+    assert decide_split(p, 8, Topology.split(4, 4)).target == Topology.split(2, 6)
+    held = decide_split(p, 8, Topology.split(4, 4), DecisionConfig(ratio_change_threshold=0.05))
+    assert (held.target, held.reason) == (Topology.split(4, 4), KEEP)
+    # 2 workers: 1P1D is the only split, infeasible (48 GB of KV on one 20 GB worker) yet taken
+    two = decide_split(p, 2, Topology.colocation(2))
+    assert two.target == Topology.split(1, 1) and not two.candidates[1].feasible
+    with pytest.raises(DecisionError, match=">= 2 workers"):
+        decide_split(p, 1, None)
 
 
 def test_forced_growth_stays_in_mode_unless_the_other_wins_by_the_mode_threshold():

@@ -7,10 +7,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pearl.control.elastic import RoleDecider
-from pearl.control.policies import POLICIES, Pool, get_policy
+from pearl.control.policies import POLICIES, PDMode, Pool, get_policy
 from pearl.control.state import Topology
 from pearl.errors import ConfigError
+from pearl.sim.ablation import RUNGS, relative_to_roll, rung_policy
 from pearl.sim.costmodel import CostModel
+from pearl.sim.experiment import run_summary
 from pearl.sim.hardware import get_gpu
 from pearl.sim.models import load_model_shape
 from pearl.sim.rl import RLSetting, run_policy
@@ -205,3 +207,41 @@ def test_a_constant_availability_trace_gives_elastic_policies_its_gpus():
     # 4 reserved + 8 preemptible rollout GPUs from the start, as roll-large would get.
     assert {gpus for _, gpus in result.rollout_gpus} == {12}
     assert max(sum(v for k, v in e.items() if k != "t") for e in result.timeline) == 6
+
+
+# --- the ablation ladder (Fig 7) on a fixed pool -----------------------------------------
+
+
+def test_rung_policies_are_fixed_pools_of_the_given_size():
+    a = rung_policy("A", 8)
+    assert (a.pool, a.pd, a.fixed_rollout_gpus) == (Pool.FIXED, PDMode.DISAGGREGATED, 8)
+    assert a.pool_workers(4, 12, 0.0, 2) == 4  # 8 GPUs at TP2, whatever the trace
+    assert list(RUNGS) == ["roll", "A", "B", "C", "pearl"]
+    with pytest.raises(ValueError, match="unknown rung 'D'; valid: roll, A, B, C, pearl"):
+        rung_policy("D", 8)
+
+
+def test_forced_disaggregation_and_borrowing_on_a_fixed_pool():
+    s = setting(duration_s=200.0)
+    runs = {}
+    for rung in ("roll", "A", "B"):
+        result = run_policy(s, rung_policy(rung, 4))
+        check_run(result, s)  # every trajectory exactly once, invariants held throughout
+        runs[rung] = run_summary(rung, "4 GPUs", result, 4.0)
+    roles = {
+        rung: {k for e in r["timeline"] for k, v in e.items() if k != "t" and v}
+        for rung, r in runs.items()
+    }
+    assert roles["roll"] == {"dedicated_colocated"}
+    # forced disaggregation: the only split of 2 workers from the first step on
+    assert {"dedicated_prefill", "dedicated_decode"} <= roles["A"]
+    assert "dedicated_colocated" not in roles["A"]
+    assert any(k.startswith("overlap_") for k in roles["B"])  # borrowed between updates
+    assert not any(k.startswith("overlap_") for k in roles["A"])
+    decisions = [e for e in runs["A"]["events"] if e["kind"] == "decision"]
+    assert decisions and all(e["target"] == "1P1D" for e in decisions)
+    rel = relative_to_roll(list(runs.values()))["4 GPUs"]
+    assert rel["roll"] == 0.0
+    assert rel["A"] == pytest.approx(
+        100 * (runs["A"]["throughput"] / runs["roll"]["throughput"] - 1)
+    )

@@ -364,6 +364,38 @@ def decide(
     return pick(target, reason)
 
 
+def decide_split(
+    p: WorkloadParams,
+    workers: int,
+    current: Topology | None,
+    config: DecisionConfig | None = None,
+) -> Decision:
+    """Forced disaggregation: the best P:D split for ``workers`` >= 2, whatever colocation
+    would predict. Feasible splits first; if none is, the split with the lowest predicted
+    makespan (the caller asked for disaggregation). The current split is kept unless
+    another beats it by more than ``ratio_change_threshold``."""
+    if workers < 2:
+        raise DecisionError(f"a P:D split needs >= 2 workers, got {workers!r}")
+    config = config or DecisionConfig()
+    candidates = evaluate_candidates(p, workers, config)
+    splits = [c for c in candidates if c.topology.mode is Mode.DISAGGREGATED]
+    best = _argmin([c for c in splits if c.feasible] or splits)
+    incumbent = next((c for c in splits if c.topology == current), None)
+    if incumbent is None:
+        target, reason = best, DecisionReason.FORCED
+    elif _gain(incumbent.makespan_s, best.makespan_s) > config.ratio_change_threshold:
+        target, reason = best, DecisionReason.RATIO_CHANGE
+    else:
+        target, reason = incumbent, DecisionReason.KEEP
+    return Decision(
+        target=target.topology,
+        reason=reason,
+        candidates=candidates,
+        target_makespan_s=target.makespan_s,
+        current_makespan_s=incumbent.makespan_s if incumbent else None,
+    )
+
+
 # --- Intra-scale benefit gate --------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pearl.control.decision import DecisionConfig, borrow_gate, decide
+from pearl.control.decision import DecisionConfig, borrow_gate, decide, decide_split
 from pearl.control.interfaces import Clock, WorkerRole
 from pearl.control.planner import plan_transition
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
@@ -67,9 +67,16 @@ class RoleDecider:
             return Topology.colocation(n)
         if pd is PDMode.STATIC:
             return Topology.split(*self.policy.static_counts(n))
+        now = Topology.from_counts(Counter(current.values()))
+        if pd is PDMode.DISAGGREGATED:
+            if self.tracker is None:
+                return Topology.split(*self.policy.static_counts(n))
+            # Before the first refit the tracker's prior (the cost model) picks the split.
+            decision = decide_split(self.tracker.params, n, now, self.config)
+            self.log({"kind": "decision", "workers": n, "current": now.label, **decision.to_dict()})
+            return decision.target
         if self.tracker is None or self.tracker.steps == 0:
             return Topology.colocation(n)  # nothing measured yet: the safe mode
-        now = Topology.from_counts(Counter(current.values()))
         decision = decide(self.tracker.params, n, now if now.is_valid else None, self.config)
         self.log({"kind": "decision", "workers": n, "current": now.label, **decision.to_dict()})
         return decision.target
@@ -245,7 +252,7 @@ class ElasticScheduler:
             params = self.tracker.end_step(len(result.trajectories), result.makespan_s)
             report = {k: v.to_dict() for k, v in self.tracker.fit_report.items()}
             self.log({"kind": "refit", "step": step, "params": _params(params), "fit": report})
-        if self.decider.policy.pd is PDMode.ADAPTIVE:
+        if self.decider.policy.pd in (PDMode.ADAPTIVE, PDMode.DISAGGREGATED):
             async with self._lock:
                 await self._reassign(self._roles_for(self.rebuilder.workers), "refit")
 

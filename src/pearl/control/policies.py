@@ -7,7 +7,8 @@ A policy is three choices, each a switch in the Elastic Scheduler:
   workers); ``elastic`` follows the availability trace (reserved + preemptible).
 - ``pd``: how prefill and decode are placed. ``colocated`` always; ``static`` a fixed P:D
   ratio applied to whatever workers exist; ``adaptive`` PEARL's decision engine, refitted
-  from telemetry after every step.
+  from telemetry after every step; ``disaggregated`` the same engine restricted to P:D splits
+  (forced disaggregation, the first rung of the paper's ablation ladder, Fig 7).
 - ``borrowing``: intra-scale use of training GPUs between updates. ``off``; ``ungated``
   borrows after every update; ``gated`` only when ``(R/B)(T_ded - T_full) > T_toggle``.
 """
@@ -33,6 +34,7 @@ class PDMode(enum.StrEnum):
     COLOCATED = "colocated"
     STATIC = "static"
     ADAPTIVE = "adaptive"
+    DISAGGREGATED = "disaggregated"
 
 
 class Borrowing(enum.StrEnum):

@@ -21,7 +21,7 @@ from pearl.control.policies import PDMode, get_policy
 from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.report.svg import Chart, Series, render
-from pearl.sim.rl import RLSetting, run_policy
+from pearl.sim.rl import RLRunResult, RLSetting, run_policy
 from pearl.workloads.agentic import get_profile
 from pearl.workloads.availability import (
     SEGMENTS,
@@ -91,9 +91,13 @@ def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
     setting = build_setting(cfg)
     policy = get_policy(policy_name, static_split=tuple(cfg.pd.static_split))
     trace = load_trace(segment)
-    result = run_policy(setting, policy, trace)
+    return run_summary(policy_name, segment, run_policy(setting, policy, trace), trace.mean())
+
+
+def run_summary(policy: str, segment: str, result: RLRunResult, trace_mean: float) -> dict:
+    """One run's results as plain data (what tables, charts and the run folder read)."""
     return {
-        "policy": policy_name,
+        "policy": policy,
         "segment": segment,
         "throughput": result.throughput,
         "steps": len(result.counted),
@@ -105,7 +109,7 @@ def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
         "rollout_gpus": result.rollout_gpus,
         "counters": result.counters,
         "wall_s": result.wall_s,
-        "trace_mean_gpus": trace.mean(),
+        "trace_mean_gpus": trace_mean,
     }
 
 
