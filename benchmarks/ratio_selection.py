@@ -3,13 +3,15 @@
     .venv/bin/python benchmarks/ratio_selection.py                         # 8 workers (16 GPUs), steps 1-3
     .venv/bin/python benchmarks/ratio_selection.py --workers 5 6 8 --steps 1 2 3
     .venv/bin/python benchmarks/ratio_selection.py model.name=Qwen3-30B-A3B
+    .venv/bin/python benchmarks/ratio_selection.py --run-dir runs/<headline run>   # into that run folder
 
 For each step i: batch i-1 runs colocated and the runtime tracker refits the decision
 model from it (as online); the PD Decision Engine predicts colocation and every P:D split
 for N workers; batch i is replayed on every candidate with the same seeds. Prints the
 predicted and simulated makespan of each candidate, the engine's choice, the hindsight
 best and the gap, and writes ``ratio_selection.json``. Uses the workload, engine and cost
-profile of an rl config (default configs/headline_paper.yaml). No parameter is tuned to
+profile of an rl config (default configs/headline_paper.yaml; with ``--run-dir``, the
+config.yaml of that run folder, and the JSON goes there too). No parameter is tuned to
 what this prints.
 """
 
@@ -36,8 +38,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[8])
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", default="results/ratio_selection.json")
+    parser.add_argument(
+        "--run-dir", help="a headline run folder: replay its config.yaml, write the JSON there"
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args()
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+        if not (run_dir / "config.yaml").is_file():
+            parser.error(f"--run-dir {run_dir}: no config.yaml there (not a run folder?)")
+        args.config, args.out = str(run_dir / "config.yaml"), str(run_dir / "ratio_selection.json")
     cfg = load_simulate_config(args.config, args.overrides)
     cost = build_cost_model(cfg)
     profile = get_profile(cfg.workload.profile)
@@ -78,7 +88,7 @@ def main() -> None:
     out.write_text(
         json.dumps(
             {
-                "config": args.config,
+                "config": Path(args.config).name,
                 "overrides": args.overrides,
                 "median_gap": median(gaps),
                 "steps": [s.to_dict() for s in results],

@@ -14,7 +14,8 @@ trajectories of the *same shape*: live generation runs with ``ignore_eos`` and
 turn); siblings of a group share the initial prompt token for token, and all tasks of
 a workload share the system/tool prefix, so prefix caching behaves as in real runs.
 
-Profile defaults cite /work/shared/WORKLOADS.md ("M" = measured in the source,
+Profile defaults cite the team's survey of published agentic workloads, WORKLOADS.md (its
+sources are named next to each value; "M" = measured in the source,
 "E" = estimate built on them); every one can be overridden with
 ``dataclasses.replace`` or :func:`profile_from_dict`.
 """

@@ -394,7 +394,7 @@ class Segment:
 _G4DN_1C = "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv"
 _G4DN_1D = "aws-g4dn-xlarge-us-east-1d-2020-11-23.csv"
 
-# /work/shared/data/availability/README.md (copied into data/availability/README.md).
+# Segments as described in data/availability/README.md (shipped with the traces).
 SEGMENTS: Mapping[str, Segment] = MappingProxyType(
     {
         "segment1": Segment(
