@@ -557,6 +557,8 @@ class FittedRates:
         return dataclasses.replace(
             base or CostConstants(),
             linear_compute_efficiency=1.0,
+            linear_roofline_exponent=math.inf,  # the fit is a sharp roofline per rate
+            linear_kernel_overhead_s=0.0,  # folded into the fitted overheads
             attention_compute_efficiency=self.attention_flops_per_s / self.linear_flops_per_s,
             weight_memory_efficiency=1.0,
             kv_memory_efficiency=self.kv_bytes_per_s / self.weight_bytes_per_s,

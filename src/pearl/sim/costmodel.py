@@ -34,15 +34,22 @@ class CostConstants:
     """Efficiencies and fixed costs; every number the cost model uses beyond the specs."""
 
     # --- inference roofline ------------------------------------------------------------
-    linear_compute_efficiency: float = 0.6
-    """Fraction of peak FLOP/s reached by the linear layers (bf16 GEMMs). Large cuBLAS
-    GEMMs reach ~70-75% of H100 dense peak; norms, RoPE, activations and MoE grouped GEMMs
-    pull the whole linear part lower."""
+    # The four linear-layer numbers are fitted to measured H100 GEMM times (Vidur's
+    # profiles of Llama-2-7B/70B and CodeLlama-34B at TP1-2; pearl.sim.operator_fit,
+    # benchmarks/costmodel_vs_profiles.py checks the held-out models and TP degrees).
+    linear_compute_efficiency: float = 0.7285
+    """Fraction of peak FLOP/s the linear layers reach once compute-bound (bf16 GEMMs)."""
     attention_compute_efficiency: float = 0.5
     """Fraction of peak FLOP/s reached by attention kernels (FlashAttention-3 reaches
     ~60-75% on long sequences, FlashInfer/FA2 paged prefill ~40-50%)."""
-    weight_memory_efficiency: float = 0.8
+    weight_memory_efficiency: float = 0.9291
     """Fraction of HBM bandwidth reached when streaming weights (large contiguous reads)."""
+    linear_roofline_exponent: float = 1.763
+    """p of the smooth roofline ``(t_compute^p + t_memory^p)^(1/p)`` of the linear layers:
+    GEMMs of tens to hundreds of tokens are neither purely memory- nor compute-bound.
+    ``inf`` is the sharp ``max``."""
+    linear_kernel_overhead_s: float = 6.19e-6
+    """Fixed cost per linear kernel (launch and tail; 4 per layer plus the LM head)."""
     kv_memory_efficiency: float = 0.7
     """Fraction of HBM bandwidth reached when reading a paged KV cache (gathered pages,
     per-sequence imbalance)."""
@@ -95,6 +102,11 @@ class CostConstants:
             if f.name in fractions:
                 if not 0.0 <= value <= 1.0:
                     raise ConfigError(f"CostConstants.{f.name} must be in [0, 1], got {value!r}")
+            elif f.name == "linear_roofline_exponent":
+                if not value >= 1.0:  # also rejects NaN; inf is the sharp roofline
+                    raise ConfigError(
+                        f"CostConstants.{f.name} must be >= 1 (inf: sharp max), got {value!r}"
+                    )
             elif f.name.endswith("_efficiency") or f.name == "train_mfu":
                 # Above 1 is allowed: calibration may fold a placeholder peak into it.
                 if not value > 0.0:
@@ -207,6 +219,19 @@ class IterationCost:
         )
 
 
+def linear_seconds(
+    flops: float, weight_bytes: float, kernels: int, c: CostConstants, gpu: GPUSpec
+) -> float:
+    """Linear layers: ``kernels * t_kernel + (t_compute^p + t_memory^p)^(1/p)``, a roofline
+    that turns smoothly from memory- to compute-bound (``p = inf``: the sharp max)."""
+    t_c = flops / (gpu.peak_flops * c.linear_compute_efficiency)
+    t_m = weight_bytes / (gpu.hbm_bandwidth_Bps * c.weight_memory_efficiency)
+    hi, lo = (t_c, t_m) if t_c >= t_m else (t_m, t_c)
+    p = c.linear_roofline_exponent
+    smooth = hi if p == math.inf or hi == 0.0 else hi * (1.0 + (lo / hi) ** p) ** (1.0 / p)
+    return kernels * c.linear_kernel_overhead_s + smooth
+
+
 @dataclass(slots=True, frozen=True)
 class CostModel:
     """Seconds for engine iterations of ``model`` on a TP group of ``tp`` ``gpu``s."""
@@ -229,6 +254,7 @@ class CostModel:
     _pair_flops: float = field(init=False, repr=False, compare=False)
     _kv_token_bytes: float = field(init=False, repr=False, compare=False)
     _is_moe: bool = field(init=False, repr=False, compare=False)
+    _linear_kernels: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
@@ -270,6 +296,7 @@ class CostModel:
         setattr_(self, "_pair_flops", m.attention_flops_per_token_pair * self._q_shard)
         setattr_(self, "_kv_token_bytes", m.kv_bytes_per_token * self._kv_shard)
         setattr_(self, "_is_moe", m.is_moe)
+        setattr_(self, "_linear_kernels", 4 * m.num_hidden_layers + 1)
 
     # --- work ------------------------------------------------------------------------
 
@@ -349,9 +376,7 @@ class CostModel:
     def price(self, work: IterationWork) -> IterationCost:
         """Seconds per part for ``work`` on this GPU with these constants."""
         c, g = self.constants, self.gpu
-        flops_lin = g.peak_flops * c.linear_compute_efficiency
         flops_attn = g.peak_flops * c.attention_compute_efficiency
-        bw_weights = g.hbm_bandwidth_Bps * c.weight_memory_efficiency
         bw_kv = g.hbm_bandwidth_Bps * c.kv_memory_efficiency
         communication = 0.0
         if work.allreduce_count:
@@ -365,8 +390,13 @@ class CostModel:
                 + c.per_sequence_overhead_s * work.decode_sequences
                 + c.per_prefill_chunk_overhead_s * work.prefill_chunks
             )
+        linear = 0.0
+        if work.tokens:
+            linear = linear_seconds(
+                work.linear_flops, work.weight_bytes, self._linear_kernels, c, g
+            )
         return IterationCost(
-            linear_s=max(work.linear_flops / flops_lin, work.weight_bytes / bw_weights),
+            linear_s=linear,
             prefill_attention_s=max(
                 work.prefill_attention_flops / flops_attn, work.prefill_kv_bytes / bw_kv
             ),

@@ -1,0 +1,93 @@
+"""The cost model's linear layers against measured H100 operator times (Vidur's profiles).
+
+    .venv/bin/python benchmarks/costmodel_vs_profiles.py
+
+Refits the four linear-layer constants (compute and weight-memory efficiency, the smooth
+roofline's exponent, the per-kernel overhead) on the training rows (Llama-2-7B, Llama-2-70B,
+CodeLlama-34B at TP1 and TP2), checks that the shipped defaults are that fit, and reports
+predicted / measured per token regime (1-64, 65-511, 512-4096 tokens: median and worst)
+on the held-out rows (InternLM-20B, Qwen-72B, Phi-2 at every TP; the training models at
+TP4 and TP8), next to the previous sharp roofline (0.6 / 0.8, no kernel overhead) in the
+same run. Writes ``results/costmodel_vs_profiles.json``. Target: held-out median within
+0.85-1.15 in every regime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from pearl.sim.costmodel import CostConstants
+from pearl.sim.operator_fit import (
+    HELD_OUT_GROUPS,
+    LINEAR_FIELDS,
+    fit_linear,
+    held_out,
+    load_rows,
+    ratio_stats,
+    training,
+)
+
+SHARP = replace(
+    CostConstants(),
+    linear_compute_efficiency=0.6,
+    weight_memory_efficiency=0.8,
+    linear_roofline_exponent=math.inf,
+    linear_kernel_overhead_s=0.0,
+)
+"""The model before this fit: a sharp roofline at 60% of peak FLOP/s, 80% of HBM."""
+
+
+def table(name: str, stats: dict) -> list[str]:
+    return [
+        f"| {name} | {regime} | {s['rows']} | {s['median']:.3f} | {s['worst']:.3f} |"
+        for regime, s in stats.items()
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/costmodel_vs_profiles.json")
+    args = parser.parse_args()
+    rows = load_rows()
+    fitted = fit_linear(training(rows))
+    shipped = CostConstants()
+    print("| constant | refit | shipped default |")
+    print("|---|---:|---:|")
+    for name in LINEAR_FIELDS:
+        print(f"| {name} | {getattr(fitted, name):.4g} | {getattr(shipped, name):.4g} |")
+    results = {
+        "refit": {k: getattr(fitted, k) for k in LINEAR_FIELDS},
+        "shipped": {k: getattr(shipped, k) for k in LINEAR_FIELDS},
+        "training_rows": len(training(rows)),
+        "held_out_rows": len(held_out(rows)),
+    }
+    lines = ["| rows | tokens | n | median pred/meas | worst |", "|---|---|---:|---:|---:|"]
+    for label, constants in (("shipped", shipped), ("sharp (before)", SHARP)):
+        groups = {
+            "training": training(rows),
+            "held out": held_out(rows),
+            **{g: [r for r in rows if keep(r)] for g, keep in HELD_OUT_GROUPS.items()},
+        }
+        results[label] = {}
+        for name, subset in groups.items():
+            stats = ratio_stats(subset, constants)
+            results[label][name] = stats
+            lines += table(f"{label}: {name}", stats)
+    print()
+    print("\n".join(lines))
+    held = results["shipped"]["held out"]
+    ok = all(0.85 <= s["median"] <= 1.15 for s in held.values())
+    results["target_held_out_median_0.85_1.15"] = ok
+    print(f"\nheld-out median in 0.85-1.15 in every regime: {'yes' if ok else 'NO'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
