@@ -8,8 +8,12 @@ CodeLlama-34B at TP1 and TP2), checks that the shipped defaults are that fit, an
 predicted / measured per token regime (1-64, 65-511, 512-4096 tokens: median and worst)
 on the held-out rows (InternLM-20B, Qwen-72B, Phi-2 at every TP; the training models at
 TP4 and TP8), next to the previous sharp roofline (0.6 / 0.8, no kernel overhead) in the
-same run. Writes ``results/costmodel_vs_profiles.json``. Target: held-out median within
-0.85-1.15 in every regime.
+same run. Then the decode step against batch size: the cost model next to public
+measurements of Qwen3-8B and Qwen3-30B-A3B TPOT (listed in ``DECODE_MEASUREMENTS`` with
+their sources), and the model's decode step from batch 1 to 256 for both models on the
+paper's H800 TP2 workers (the fixed part A vs the per-sequence part b of the PD decision).
+Writes ``results/costmodel_vs_profiles.json``. Target: held-out median within 0.85-1.15
+in every regime.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from pearl.sim.costmodel import CostConstants
+from pearl.sim.costmodel import CostConstants, CostModel
+from pearl.sim.hardware import get_gpu
+from pearl.sim.models import load_model_shape
 from pearl.sim.operator_fit import (
     HELD_OUT_GROUPS,
     LINEAR_FIELDS,
@@ -39,6 +45,75 @@ SHARP = replace(
     linear_kernel_overhead_s=0.0,
 )
 """The model before this fit: a sharp roofline at 60% of peak FLOP/s, 80% of HBM."""
+
+
+DECODE_MEASUREMENTS = (
+    # (model, GPU, TP, concurrency, mean context tokens while decoding, TPOT ms, source)
+    *(
+        (
+            "Qwen3-8B",
+            "H100",
+            1,
+            c,
+            344,
+            tpot,
+            "gpustack performance-lab qwen3-8b/h100-latency, "
+            "vLLM 0.11.0, ShareGPT ~233 in / ~221 out",
+        )
+        for c, tpot in ((1, 7.28), (2, 7.37), (4, 7.38), (8, 7.71))
+    ),
+    (
+        "Qwen3-30B-A3B",
+        "H100",
+        1,
+        10,
+        2560,
+        13.18,
+        "vllm-project/vllm PR 23151, 2048 in / "
+        "1024 out, max concurrency 10 (before tuned MoE configs)",
+    ),
+)
+"""Measured mean TPOT (serving benchmarks: other requests' prefills interleave, so a pure
+decode step is somewhat shorter). Mean context = input + half the output."""
+
+
+def decode_check() -> tuple[list[str], list[dict]]:
+    lines = ["| model | GPU TP | batch | context | measured ms | model ms | ratio | source |"]
+    lines.append("|---|---|---:|---:|---:|---:|---:|---|")
+    rows = []
+    for model, gpu, tp, batch, context, tpot, source in DECODE_MEASUREMENTS:
+        cost = CostModel(get_gpu(gpu), load_model_shape(model), tp)
+        predicted = 1e3 * cost.decode_time(batch, batch * context)
+        rows.append(
+            {
+                "model": model,
+                "gpu": gpu,
+                "tp": tp,
+                "batch": batch,
+                "context": context,
+                "measured_ms": tpot,
+                "model_ms": predicted,
+                "source": source,
+            }
+        )
+        lines.append(
+            f"| {model} | {gpu} TP{tp} | {batch} | {context} | {tpot:.2f} | {predicted:.2f} | "
+            f"{predicted / tpot:.2f} | {source} |"
+        )
+    return lines, rows
+
+
+def decode_sweep(context: int = 8192) -> tuple[list[str], dict]:
+    batches = (1, 8, 16, 32, 64, 128, 256)
+    lines = ["| model (H800 TP2) | " + " | ".join(f"b={b}" for b in batches) + " |"]
+    lines.append("|---|" + "---:|" * len(batches))
+    sweep = {}
+    for model in ("Qwen3-8B", "Qwen3-30B-A3B"):
+        cost = CostModel(get_gpu("H800"), load_model_shape(model), 2)
+        ms = [1e3 * cost.decode_time(b, b * context) for b in batches]
+        sweep[model] = dict(zip(batches, ms, strict=True))
+        lines.append(f"| {model} | " + " | ".join(f"{t:.1f}" for t in ms) + " |")
+    return lines, sweep
 
 
 def table(name: str, stats: dict) -> list[str]:
@@ -83,6 +158,10 @@ def main() -> None:
     ok = all(0.85 <= s["median"] <= 1.15 for s in held.values())
     results["target_held_out_median_0.85_1.15"] = ok
     print(f"\nheld-out median in 0.85-1.15 in every regime: {'yes' if ok else 'NO'}")
+    lines, results["decode_vs_measured"] = decode_check()
+    print("\nDecode step vs public TPOT measurements:\n" + "\n".join(lines))
+    lines, results["decode_sweep_ms_8k_context"] = decode_sweep()
+    print("\nDecode step (ms) vs batch, 8K-token contexts:\n" + "\n".join(lines))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -148,6 +148,12 @@ def test_workloads_no_worker_can_hold_are_rejected_up_front(tmp_path):
     )
     assert result.exit_code == 2, result.output
     assert "holds the KV of" in result.output
+    result = CliRunner().invoke(
+        app,
+        ["simulate", "model.name=Qwen3-32B", "sim.max_model_len=65536", f"logger.run_dir={tmp_path}"],
+    )
+    assert result.exit_code == 2, result.output
+    assert "beyond Qwen3-32B's own context limit of 40960 tokens" in result.output
 
 
 @pytest.mark.parametrize(

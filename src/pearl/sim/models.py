@@ -56,6 +56,8 @@ class ModelShape:
     """Bytes per weight value (2 for bf16; 4 for the float32 CPU engine)."""
     kv_dtype_bytes: int = BF16_BYTES
     """Bytes per cached key/value element."""
+    max_position_embeddings: int | None = None
+    """The model's own context limit (config.json); None when the config does not say."""
 
     def __post_init__(self) -> None:
         for key in (
@@ -324,6 +326,9 @@ class ModelShape:
                 qk_norm=model_type in _QK_NORM_TYPES,
                 dtype_bytes=dtype_bytes,
                 kv_dtype_bytes=dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes,
+                max_position_embeddings=integer("max_position_embeddings")
+                if raw.get("max_position_embeddings") is not None
+                else None,
             )
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -335,8 +340,20 @@ class ModelShape:
 # meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B). Values checked against copies of
 # those files. Llama configs carry no head_dim: it is hidden_size / num_attention_heads.
 
-_QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "tie_word_embeddings": False}
-_LLAMA31_COMMON = {"model_type": "llama", "vocab_size": 128256, "tie_word_embeddings": False}
+# max_position_embeddings: Qwen3's config.json files say 40960 (32K native plus room for
+# the output; longer needs YaRN), Llama 3.1's 131072.
+_QWEN3_COMMON = {
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+}
+_LLAMA31_COMMON = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
 
 CATALOG_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen3-8B": {

@@ -66,6 +66,12 @@ def check_fits(cost: CostModel, engine: SimEngineConfig, longest: int, what: str
     hold: beyond ``sim.max_model_len`` or beyond one worker's KV memory."""
     capacity = cost.kv_capacity_tokens()
     where = f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}"
+    limit = cost.model.max_position_embeddings
+    if limit is not None and engine.max_model_len > limit:
+        raise ConfigError(
+            f"sim.max_model_len is {engine.max_model_len}, beyond {cost.model.name}'s own "
+            f"context limit of {limit} tokens (max_position_embeddings); use at most {limit}"
+        )
     if longest >= engine.max_model_len:
         raise ConfigError(
             f"{what} reaches {longest} tokens, but sim.max_model_len is {engine.max_model_len}; "
