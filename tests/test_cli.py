@@ -150,7 +150,12 @@ def test_workloads_no_worker_can_hold_are_rejected_up_front(tmp_path):
     assert "holds the KV of" in result.output
     result = CliRunner().invoke(
         app,
-        ["simulate", "model.name=Qwen3-32B", "sim.max_model_len=65536", f"logger.run_dir={tmp_path}"],
+        [
+            "simulate",
+            "model.name=Qwen3-32B",
+            "sim.max_model_len=65536",
+            f"logger.run_dir={tmp_path}",
+        ],
     )
     assert result.exit_code == 2, result.output
     assert "beyond Qwen3-32B's own context limit of 40960 tokens" in result.output
@@ -166,3 +171,13 @@ def test_every_shipped_headline_config_runs_every_policy(tmp_path, config):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "all" / "summary.json").read_text())
     assert set(summary["throughput_tokens_per_s"]["segment2"]) == set(POLICIES)
+
+
+@pytest.mark.parametrize("cases", ["9", "x", "1,", ""])
+def test_calibrate_rejects_bad_cases_before_calibrating(tmp_path, cases):
+    result = CliRunner().invoke(
+        app, ["calibrate", "--cases", cases, "--out", str(tmp_path / "cpu.yaml")]
+    )
+    assert result.exit_code == 2
+    assert "use all, or a comma list of indices 0-5" in result.output
+    assert not (tmp_path / "cpu.yaml").exists()  # nothing was calibrated

@@ -93,6 +93,9 @@ def calibrate(
     ),
     cases: str = typer.Option("all", help="fidelity cases: all, or a comma list of indices (0-5)"),
     results: str = typer.Option("results/fidelity.json", help="where to write the fidelity table"),
+    live_repeats: int = typer.Option(
+        3, min=1, max=20, help="live runs per fidelity case (the error is against their mean)"
+    ),
     calibration: str = typer.Option(
         "in-situ",
         help="fidelity fit: in-situ (iterations of held-out live runs per deployment size), "
@@ -105,15 +108,32 @@ def calibrate(
     from pathlib import Path
 
     from pearl.errors import PearlError
+    from pearl.sim import fidelity as fid
     from pearl.sim.calibrate import run_calibrate
-    from pearl.sim.fidelity import CALIBRATIONS
 
-    if calibration not in CALIBRATIONS:
+    if calibration not in fid.CALIBRATIONS:
         typer.echo(
-            f"error: --calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}",
+            f"error: --calibration {calibration!r} is not one of {', '.join(fid.CALIBRATIONS)}",
             err=True,
         )
         raise typer.Exit(code=2)
+    if fidelity and model != "qwen3-16m":
+        typer.echo(
+            "fidelity runs use the built-in qwen3-16m model; calibrate that model for them "
+            "(or pass --no-fidelity)",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    n = len(fid.DEFAULT_CASES)  # checked before the calibration spends minutes
+    try:
+        indices = list(range(n)) if cases == "all" else [int(i) for i in cases.split(",")]
+        if not indices or any(not 0 <= i < n for i in indices):
+            raise ValueError
+    except ValueError:
+        typer.echo(
+            f"error: --cases {cases!r}: use all, or a comma list of indices 0-{n - 1}", err=True
+        )
+        raise typer.Exit(code=2) from None
     try:
         report = run_calibrate(model, out, grid, repeats=repeats)
     except (PearlError, ValueError) as exc:
@@ -121,22 +141,13 @@ def calibrate(
         raise typer.Exit(code=2) from None
     if not fidelity:
         return
-    from pearl.sim import fidelity as fid
-
-    if model != "qwen3-16m":
-        typer.echo(
-            "fidelity runs use the built-in qwen3-16m model; calibrate that model for them",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    chosen = (
-        fid.DEFAULT_CASES
-        if cases == "all"
-        else [fid.DEFAULT_CASES[int(i)] for i in cases.split(",")]
-    )
+    chosen = [fid.DEFAULT_CASES[i] for i in indices]
     # Fidelity refits inside a live worker process (wall clock, as deployed) and measures the
     # per-turn overhead outside the engine; the in-process profile above is for users' runs.
-    rows = [r.row() for r in fid.compare(None, chosen, calibration=calibration)]
+    rows = [
+        r.row()
+        for r in fid.compare(None, chosen, calibration=calibration, live_repeats=live_repeats)
+    ]
     errors = [abs(r["makespan_error"]) for r in rows]
     print(
         f"median |makespan error| over {len(rows)} cases: {100 * statistics.median(errors):.1f}% (target 10%)"
@@ -147,7 +158,9 @@ def calibrate(
         "fit": report.to_dict(),
         "calibration": calibration,
         "cases": rows,
+        "live_repeats": live_repeats,
         "median_abs_makespan_error": statistics.median(errors),
+        "median_abs_turn_error": statistics.median(r["median_abs_turn_error"] for r in rows),
     }
     Path(results).write_text(json.dumps(payload, indent=2))
     print(f"wrote {results}")

@@ -123,3 +123,33 @@ def test_disaggregated_ray_workers_match_a_colocated_engine(ray_runtime):
     assert [o.token_ids for o in result.turns] == reference_tokens()
     assert mover.transfers == 3 and mover.bytes_moved > 0
     assert stats["role"] == "decode" and stats["prefill_tokens"] == 0  # D never prefilled
+
+
+def test_fidelity_compares_the_live_mean_of_repeats_with_one_simulation(ray_runtime):
+    import dataclasses
+    import statistics
+
+    from pearl.sim import fidelity as fid
+    from pearl.sim.hardware import CPU_PLACEHOLDER
+    from pearl.sim.profiles import Profile
+
+    profile = Profile(  # any fitted-looking profile: this checks the protocol, not the error
+        gpu=dataclasses.replace(
+            CPU_PLACEHOLDER, peak_flops=2e10, hbm_bandwidth_Bps=1e10, hbm_bytes=8e9
+        ),
+        dtype_bytes=4,
+    )
+    case = fid.FidelityCase("swe-cpu 2 traj, 1 colocated", "swe-cpu", 1, 2, "1C", seed=3)
+    lines: list[str] = []
+    (result,) = fid.compare(profile, [case], log=lines.append, live_repeats=2)
+    row = result.row()
+    assert row["live_repeats"] == 2 and len(row["live_makespans_s"]) == 2
+    assert row["live_makespan_s"] == pytest.approx(statistics.fmean(row["live_makespans_s"]))
+    assert row["makespan_error"] == pytest.approx(
+        row["sim_makespan_s"] / row["live_makespan_s"] - 1
+    )
+    turns = sum(len(t.turns) for t in case.batch().trajectories)
+    assert len(result.turn_errors) == turns
+    assert any("x2, spread" in line for line in lines)
+    with pytest.raises(ValueError, match="calibration seed"):
+        fid.compare(profile, [dataclasses.replace(case, seed=fid.CALIBRATION_SEED)])

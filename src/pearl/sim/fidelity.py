@@ -73,21 +73,40 @@ DEFAULT_CASES = (
 @dataclass(slots=True)
 class CaseResult:
     case: FidelityCase
-    live_makespan_s: float
+    live_makespans_s: list[float]  # one per live repeat of the case
     sim_makespan_s: float
-    turn_errors: list[float]  # relative error of each turn's latency (sim vs live)
+    turn_errors: list[float]  # per turn: sim latency vs the live repeats' mean, relative
     live_turn_latency_s: float
     sim_turn_latency_s: float
 
     @property
+    def live_makespan_s(self) -> float:
+        """Mean over the live repeats."""
+        return statistics.fmean(self.live_makespans_s)
+
+    @property
+    def live_spread(self) -> float:
+        """(max - min) / mean of the live repeats: the noise the error must be read against."""
+        runs = self.live_makespans_s
+        return (max(runs) - min(runs)) / self.live_makespan_s
+
+    @property
     def makespan_error(self) -> float:
+        """Simulated makespan against the live mean, relative."""
         return (self.sim_makespan_s - self.live_makespan_s) / self.live_makespan_s
 
     def row(self) -> dict[str, Any]:
         return {
             "case": self.case.name,
             "deployment": self.case.deployment,
+            "seed": self.case.seed,
+            "live_repeats": len(self.live_makespans_s),
+            "live_makespans_s": self.live_makespans_s,
             "live_makespan_s": self.live_makespan_s,
+            "live_stdev_s": statistics.stdev(self.live_makespans_s)
+            if len(self.live_makespans_s) > 1
+            else 0.0,
+            "live_spread": self.live_spread,
             "sim_makespan_s": self.sim_makespan_s,
             "makespan_error": self.makespan_error,
             "median_abs_turn_error": statistics.median(abs(e) for e in self.turn_errors),
@@ -323,8 +342,10 @@ def compare(
     engine: dict[str, Any] = CALIBRATION_ENGINE,
     log: Callable[[str], None] = print,
     calibration: str = "in-situ",
+    live_repeats: int = 3,
 ) -> list[CaseResult]:
-    """Run every case live and simulated; return the per-case comparison.
+    """Run every case live ``live_repeats`` times and simulated once; return the per-case
+    comparison against the live mean.
 
     With ``profile`` None the cost model is fitted here, inside worker processes:
     ``grid`` from the calibration grid timed in one worker; ``grid-load`` from the grid
@@ -337,6 +358,10 @@ def compare(
 
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}")
+    if live_repeats < 1:
+        raise ValueError(f"live_repeats must be >= 1, got {live_repeats}")
+    if any(c.seed == CALIBRATION_SEED for c in cases):
+        raise ValueError(f"fidelity cases must not use the calibration seed {CALIBRATION_SEED}")
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
@@ -379,26 +404,30 @@ def compare(
         t0 = time.perf_counter()
         n = Deployment.parse(case.deployment).num_workers
         cost = costs.get(n, costs[min(costs)])
-        live, iterations = run_live_case(case, model, engine, vocab)
+        lives = [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
+        iterations = [it for _, log_ in lives for it in log_]
         check = iteration_check(cost, iterations)
         sim = run_sim_case(case, cost, engine, vocab, latency, overhead, rpc)
-        live_turns = {
-            (t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)
-        }
         sim_turns = {(t.session_id, k): o for t in sim.trajectories for k, o in enumerate(t.turns)}
-        assert live_turns.keys() == sim_turns.keys(), "live and simulated runs saw different turns"
+        live_latency: dict[tuple[str, int], list[float]] = {}
+        for live, _ in lives:
+            turns = {(t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)}
+            assert turns.keys() == sim_turns.keys(), "live and simulated runs saw different turns"
+            for key, o in turns.items():
+                live_latency.setdefault(key, []).append(
+                    o.telemetry.finished_at - o.telemetry.submitted_at
+                )
         errors = []
         lat_live, lat_sim = [], []
-        for key, lo in live_turns.items():
-            so = sim_turns[key]
-            a = lo.telemetry.finished_at - lo.telemetry.submitted_at
+        for key, so in sim_turns.items():
+            a = statistics.fmean(live_latency[key])
             b = so.telemetry.finished_at - so.telemetry.submitted_at
             lat_live.append(a)
             lat_sim.append(b)
             errors.append((b - a) / a if a > 0 else 0.0)
         result = CaseResult(
             case,
-            live.makespan_s,
+            [live.makespan_s for live, _ in lives],
             sim.makespan_s,
             errors,
             statistics.fmean(lat_live),
@@ -407,7 +436,8 @@ def compare(
         results.append(result)
         row = result.row()
         log(
-            f"{case.name:32s} live {row['live_makespan_s']:7.2f}s  sim {row['sim_makespan_s']:7.2f}s  "
+            f"{case.name:32s} live {row['live_makespan_s']:7.2f}s "
+            f"(x{len(lives)}, spread {100 * row['live_spread']:.0f}%)  sim {row['sim_makespan_s']:7.2f}s  "
             f"makespan err {100 * row['makespan_error']:+6.1f}%  median |turn err| "
             f"{100 * row['median_abs_turn_error']:5.1f}%   ({time.perf_counter() - t0:.0f}s)"
         )
