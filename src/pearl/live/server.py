@@ -1,14 +1,18 @@
 """An engine inside one worker process: commands are served between engine iterations.
 
 ``EngineServer`` is a plain class so it can be tested in-process; ``pearl.live.worker``
-runs it as a Ray actor. Its ``async`` methods run on the actor's event loop; the
-engine loop steps the engine and yields after each iteration, so a new turn, a KV
-import or a role change lands exactly between two iterations, as in the simulator.
+runs it as a Ray actor. Its ``async`` methods run on the actor's event loop. Each engine
+iteration runs in a helper thread while the loop holds the engine lock, so the loop stays
+free to receive calls (Ray needs several loop passes to start an incoming call: with the
+iteration on the loop itself, each pass waited for a whole iteration, ~5 iterations per
+call). A call that touches the engine takes the lock, so a new turn, a KV import or a role
+change still lands exactly between two iterations, as in the simulator.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +59,8 @@ class EngineServer:
         else:
             raise ValueError("ModelSpec needs a folder or a config")
         self._futures: dict[str, tuple[asyncio.Future[RequestOutput], float]] = {}
+        self._lock = asyncio.Lock()  # held by the engine loop for an iteration, by calls otherwise
+        self._stepper = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{worker_id}-step")
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         # (prefill chunks as (tokens, start), decode contexts, seconds) of every iteration,
@@ -66,39 +72,49 @@ class EngineServer:
         """Generate (colocated), prefill (prefill role) or decode (decode role) one turn."""
         loop = asyncio.get_running_loop()
         submitted = loop.time()
-        self.engine.add_request(engine_request(turn))
+        async with self._lock:
+            self.engine.add_request(engine_request(turn))
         fut: asyncio.Future[RequestOutput] = loop.create_future()
         self._futures[turn.request_id] = (fut, submitted)
         self._kick()
         return self._turn_output(await fut, submitted)
 
     async def session_length(self, session_id: str) -> int:
-        return self.engine.session_length(session_id)
+        async with self._lock:
+            return self.engine.session_length(session_id)
 
     async def match_session(self, session_id: str, token_ids: list[int]) -> int:
-        return self.engine.match_session(session_id, token_ids)
+        async with self._lock:
+            return self.engine.match_session(session_id, token_ids)
 
     async def release_session(self, session_id: str) -> None:
-        self.engine.release_session(session_id)
+        async with self._lock:
+            self.engine.release_session(session_id)
 
     async def export_kv(self, session_id: str, start: int, end: int) -> KVChunk:
-        return self.engine.export_kv(session_id, start, end)
+        async with self._lock:
+            return self.engine.export_kv(session_id, start, end)
 
     async def import_kv(self, chunk: KVChunk) -> tuple[int, int]:
         """Returns (tokens added, bytes received)."""
-        return self.engine.import_kv(chunk), chunk.nbytes
+        async with self._lock:
+            return self.engine.import_kv(chunk), chunk.nbytes
 
     async def set_role(self, role: str) -> list[TurnOutput]:
-        outs = self.engine.set_role(Role(role), InFlight.HAND_BACK)
+        async with self._lock:
+            outs = self.engine.set_role(Role(role), InFlight.HAND_BACK)
         return [self._resolve(o) for o in outs]
 
     async def abort_all(self) -> list[TurnOutput]:
-        return [self._resolve(o) for o in self.engine.abort_all()]
+        async with self._lock:
+            outs = self.engine.abort_all()
+        return [self._resolve(o) for o in outs]
 
     async def stats(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return asdict(self.engine.stats())
+        async with self._lock:
+            return asdict(self.engine.stats())
 
     async def ping(self) -> str:
         return self.worker_id
@@ -124,7 +140,8 @@ class EngineServer:
         """Calibration samples of this worker's own engine, timed where it really runs."""
         from pearl.sim.calibrate import get_grid, profile_engine
 
-        return profile_engine(self.engine, get_grid(grid), repeats, clock=clock)
+        async with self._lock:
+            return profile_engine(self.engine, get_grid(grid), repeats, clock=clock)
 
     # -- engine loop ----------------------------------------------------------------
     def _kick(self) -> None:
@@ -134,15 +151,18 @@ class EngineServer:
             self._wakeup.set()
 
     async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         while True:
             if not self.engine.has_unfinished():
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            for out in self.engine.step():
+            # Calls waiting for the lock (FIFO) land before the next iteration starts.
+            async with self._lock:
+                outs = await loop.run_in_executor(self._stepper, self.engine.step)
+            for out in outs:
                 self._resolve(out)
-            await asyncio.sleep(0)  # let commands in between iterations
 
     def _resolve(self, out: RequestOutput) -> TurnOutput:
         entry = self._futures.pop(out.request_id, None)

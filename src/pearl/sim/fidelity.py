@@ -174,21 +174,27 @@ async def _live_workers(deployment: Deployment, model, engine: dict[str, Any]):
 
 
 def run_live_case(
-    case: FidelityCase, model, engine: dict[str, Any], vocab: int
+    case: FidelityCase,
+    model,
+    engine: dict[str, Any],
+    vocab: int,
+    wrap: Callable[[Any], Any] | None = None,
 ) -> tuple[BatchResult, list]:
-    """The case on live workers; also every worker's iteration log (shapes and seconds)."""
+    """The case on live workers; also every worker's iteration log (shapes and seconds).
+    ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy)."""
     from pearl.live.worker import LiveKVMover
 
     deployment = Deployment.parse(case.deployment)
 
     async def main() -> tuple[BatchResult, list]:
         workers = await _live_workers(deployment, model, engine)
+        seen = [wrap(w) for w in workers] if wrap is not None else workers
         router = Router(LiveKVMover())
         if deployment.colocated:
-            router.set_topology(colocated=workers)
+            router.set_topology(colocated=seen)
         else:
             router.set_topology(
-                prefill=workers[: deployment.prefill], decode=workers[deployment.prefill :]
+                prefill=seen[: deployment.prefill], decode=seen[deployment.prefill :]
             )
         try:
             await asyncio.gather(*(w.actor.log_iterations.remote(True) for w in workers))
