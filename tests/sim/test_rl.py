@@ -245,3 +245,17 @@ def test_forced_disaggregation_and_borrowing_on_a_fixed_pool():
     assert rel["A"] == pytest.approx(
         100 * (runs["A"]["throughput"] / runs["roll"]["throughput"] - 1)
     )
+
+
+def test_topology_labels_of_the_role_timeline():
+    from pearl.sim.experiment import topology_at
+
+    timeline = [
+        {"t": 0.0, "dedicated_colocated": 4},
+        {"t": 10.0, "dedicated_prefill": 2, "dedicated_decode": 2, "overlap_decode": 8},
+        {"t": 20.0, "dedicated_colocated": 8, "overlap_colocated": 8},
+    ]
+    assert topology_at(timeline, 5.0) == "4C"
+    assert topology_at(timeline, 10.0) == "2P2D +8Do"
+    assert topology_at(timeline, 25.0) == "8C +8Co"
+    assert topology_at([], 0.0) == "-"

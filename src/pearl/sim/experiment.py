@@ -307,7 +307,7 @@ def topology_at(timeline: list[dict], t: float) -> str:
     label = ""
     for zone, suffix in (("dedicated", ""), ("overlap", "o")):
         p, d, c = (entry.get(f"{zone}_{role}", 0) for role in ("prefill", "decode", "colocated"))
-        part = (f"{p}P{d}D" if p or d else "") + (f"{c}C" if c else "")
+        part = (f"{p}P" if p else "") + (f"{d}D" if d else "") + (f"{c}C" if c else "")
         if part:
             label += (" +" if label else "") + part + suffix
     return label or "-"
