@@ -201,3 +201,35 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
     assert len(second.token_ids) == 10 and retries == 0
     common = 100  # the prompt; the kept answer differs from the response's first tokens
     assert moved == cost.kv_bytes(133 - common // 16 * 16)
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_queries_answer_at_the_next_iteration_boundary_without_cutting_a_stretch(fast_forward):
+    """session_length / match_session wait for the iteration in progress, as a live worker's
+    engine lock makes them; a fast-forwarded decode stretch is not cut short by them."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        worker = SimulatedWorker(
+            "w0", LinearCost(), SimEngineConfig(fast_forward=fast_forward), vocab_size=1000
+        )
+        gen = asyncio.create_task(worker.generate(TurnRequest("a/0", "a", [1] * 100, 200)))
+        await asyncio.sleep(0.1001)  # in the middle of the decode
+        await worker.session_length("a")
+        answered = loop.time()
+        await worker.match_session("a", [1] * 100)
+        matched = loop.time()
+        out = await gen
+        worker.close()
+        return answered, matched, out.telemetry.finished_at, worker.counters
+
+    runs = {ff: run_virtual(main)[0] for ff in (False, True)}
+    answered, matched, finished, counters = runs[fast_forward]
+    step = LinearCost().decode_time(1, 200)  # about one decode iteration
+    assert 0.1001 < answered < 0.1001 + 1.1 * step
+    assert answered < matched <= answered + 1.1 * step  # the next boundary after that
+    # Same boundaries and the same finish with or without fast-forward ...
+    assert answered == pytest.approx(runs[not fast_forward][0], rel=1e-9)
+    assert finished == pytest.approx(runs[not fast_forward][2], rel=1e-9)
+    if fast_forward:  # ... and the stretch ran whole: the prefill, then one decode stretch
+        assert counters.fast_forwards == 1

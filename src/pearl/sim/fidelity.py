@@ -311,11 +311,12 @@ MAX_FIT_SAMPLES = 800
 
 
 def calibrate_in_situ(
-    model, engine: dict[str, Any], vocab: int, num_workers: int, grid_samples: list
+    model, engine: dict[str, Any], vocab: int, deployment: str, grid_samples: list
 ):
     """Fit a profile from the iterations live engines ran in held-out multi-turn workloads on
-    ``num_workers`` colocated workers (as deployed: the driver, Ray and the other engine
-    share the host), plus the grid samples for shapes those runs did not visit."""
+    ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
+    share the host, and prefill or decode workers run their own batch shapes), plus the
+    grid samples for shapes those runs did not visit."""
     from pearl.sim.calibrate import Sample, fit_profile
 
     samples = []
@@ -325,7 +326,7 @@ def calibrate_in_situ(
             workload,
             tasks,
             group,
-            f"{num_workers}C",
+            deployment,
             seed=CALIBRATION_SEED,
         )
         _, log = run_live_case(case, model, engine, vocab)
@@ -339,6 +340,11 @@ def calibrate_in_situ(
 
 
 CALIBRATIONS = ("in-situ", "grid", "grid-load")
+
+
+def _fit_key(deployment: str) -> str:
+    """The fit a case uses: its own deployment's label (``2C``, ``1P1D``)."""
+    return Deployment.parse(deployment).label
 
 
 def compare(
@@ -371,28 +377,32 @@ def compare(
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
-    sizes = sorted({Deployment.parse(c.deployment).num_workers for c in cases})
-    profiles: dict[int, Profile] = {}
+    # One fit per deployment the cases use, keyed by its label with colocated ones as
+    # "nC": in-situ fits run the held-out workloads on that very deployment.
+    kinds = sorted({_fit_key(c.deployment) for c in cases})
+    profiles: dict[str, Profile] = {}
     overhead = rpc = 0.0
     if profile is None:
         fitted, report, (overhead, rpc), grid_samples = calibrate_in_worker(model, engine)
-        profiles[1] = fitted
+        profiles["1C"] = fitted
         log("fit from the grid inside one worker process (wall clock):")
         log(report.table())
-        for n in sizes if calibration != "grid" else []:
+        for kind in kinds if calibration != "grid" else []:
+            n = Deployment.parse(kind).num_workers
             if calibration == "grid-load":
-                if n == 1:
+                if n == 1 or f"{n}C" in profiles:
                     continue
                 fitted, report, _, _ = calibrate_in_worker(model, engine, concurrent=n)
+                kind = f"{n}C"
                 what = f"the grid timed in {n} workers at once"
             else:
-                fitted, report = calibrate_in_situ(model, engine, vocab, n, grid_samples)
-                what = f"held-out live runs on {n} colocated worker(s) plus the grid"
-            profiles[n] = fitted
+                fitted, report = calibrate_in_situ(model, engine, vocab, kind, grid_samples)
+                what = f"held-out live runs on {kind} plus the grid"
+            profiles[kind] = fitted
             log(f"fit from {what} (wall clock):")
             log(report.table())
     else:
-        profiles[1] = profile
+        profiles["1C"] = profile
     log(
         f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker calls "
         f"(session_length, release_session): {rpc * 1e3:.2f} ms"
@@ -400,16 +410,17 @@ def compare(
     latency, bandwidth = measure_transfer(model, engine)
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
     costs = {}
-    for n, fitted in profiles.items():
+    for kind, fitted in profiles.items():
         gpu = dataclasses.replace(
             fitted.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
         )
-        costs[n] = sim_cost(dataclasses.replace(fitted, gpu=gpu), model_config)
+        costs[kind] = sim_cost(dataclasses.replace(fitted, gpu=gpu), model_config)
     results = []
     for case in cases:
         t0 = time.perf_counter()
-        n = Deployment.parse(case.deployment).num_workers
-        cost = costs.get(n, costs[min(costs)])
+        kind = _fit_key(case.deployment)
+        n = Deployment.parse(kind).num_workers
+        cost = costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
         lives = [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
         iterations = [it for _, log_ in lives for it in log_]
         check = iteration_check(cost, iterations)

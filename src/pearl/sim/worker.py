@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -141,6 +141,9 @@ class SimulatedWorker:
         )
         self._role = role
         self._inbox: list[Callable[[], None]] = []
+        # End times of the iterations in progress (one, or a fast-forwarded stretch): a
+        # query lands at the next one, as on a live worker, without cutting the stretch.
+        self._boundaries: list[float] = []
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._wakeup: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -171,15 +174,17 @@ class SimulatedWorker:
     async def session_length(self, session_id: str) -> int:
         if self.config.rpc_overhead_s:
             await asyncio.sleep(self.config.rpc_overhead_s)
+        await self._next_boundary()
         return self.scheduler.session_length(session_id)
 
     async def match_session(self, session_id: str, token_ids: list[int]) -> int:
         if self.config.rpc_overhead_s:
             await asyncio.sleep(self.config.rpc_overhead_s)
+        await self._next_boundary()
         if self._closed:
             raise EngineStateError(f"worker {self.worker_id} is stopped")
-        # Applied at once, not between iterations: it only trims a pinned session, which no
-        # iteration touches, and waiting would cut every fast-forwarded decode stretch short.
+        # Applied without the command inbox: it only trims a pinned session, which no
+        # iteration touches, and a command would cut every fast-forwarded decode stretch short.
         return self.scheduler.match_session(session_id, token_ids)
 
     async def release_session(self, session_id: str) -> None:
@@ -301,6 +306,14 @@ class SimulatedWorker:
             self._wakeup.set_result(True)
         return await fut
 
+    async def _next_boundary(self) -> None:
+        """Wait for the end of the iteration in progress, if any (a live worker answers
+        between iterations: the call waits for the engine lock)."""
+        now = asyncio.get_running_loop().time()
+        ends = self._boundaries
+        if ends and ends[-1] > now:
+            await asyncio.sleep(ends[bisect_right(ends, now)] - now)
+
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._engine_loop())
@@ -354,6 +367,7 @@ class SimulatedWorker:
             dt = self.cost.iteration_time(
                 [(c.num_tokens, c.start) for c in out.prefills], [s.num_tokens for s in out.decodes]
             )
+            self._boundaries = [now + dt]
             await asyncio.sleep(dt)
             self._account(out, now, dt)
             self._finish(self._postprocess(out, loop.time()))
@@ -471,12 +485,14 @@ class SimulatedWorker:
         for dt in self.cost.decode_times(batch, total, k):
             t += dt
             ends.append(t)
+        self._boundaries = ends
         interrupted = await self._sleep_until(ends[-1])
         steps = k
         if interrupted:
             now = asyncio.get_running_loop().time()
             steps = bisect_left(ends, now) + 1  # iterations done, plus the one in progress
             steps = min(steps, k)
+            self._boundaries = ends[:steps]
             await asyncio.sleep(max(0.0, ends[steps - 1] - now))
         self._apply_decode_steps(out, steps)
         c = self.counters
