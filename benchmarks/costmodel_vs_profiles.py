@@ -24,7 +24,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from pearl.sim.costmodel import CostConstants, CostModel
+from pearl.sim.costmodel import CostConstants, CostModel, allreduce_seconds
 from pearl.sim.hardware import get_gpu
 from pearl.sim.models import load_model_shape
 from pearl.sim.operator_fit import (
@@ -32,6 +32,7 @@ from pearl.sim.operator_fit import (
     LINEAR_FIELDS,
     fit_linear,
     held_out,
+    load_allreduce,
     load_rows,
     ratio_stats,
     training,
@@ -116,6 +117,33 @@ def decode_sweep(context: int = 8192) -> tuple[list[str], dict]:
     return lines, sweep
 
 
+def allreduce_check() -> tuple[list[str], list[dict]]:
+    """The cost model's all-reduce (defaults, H100 NVLink) against NCCL on a DGX H100."""
+    c, link = CostConstants(), get_gpu("H100").nvlink_bandwidth_Bps
+    bands = (
+        (0, 1 << 16, "< 64 KiB"),
+        (1 << 16, 1 << 23, "64 KiB - 8 MiB"),
+        (1 << 23, 1 << 30, ">= 8 MiB"),
+    )
+    lines = ["| GPUs | message | n | measured median us | model / measured (median) |"]
+    lines.append("|---:|---|---:|---:|---:|")
+    out = []
+    rows = load_allreduce()
+    for gpus in sorted({g for g, _, _ in rows}):
+        for lo, hi, name in bands:
+            sel = [(b, t) for g, b, t in rows if g == gpus and lo <= b < hi]
+            if not sel:
+                continue
+            ratios = sorted(allreduce_seconds(b, gpus, link, c) / t for b, t in sel)
+            measured = sorted(t for _, t in sel)
+            med = ratios[len(ratios) // 2]
+            out.append({"gpus": gpus, "band": name, "n": len(sel), "median_ratio": med})
+            lines.append(
+                f"| {gpus} | {name} | {len(sel)} | {1e6 * measured[len(measured) // 2]:.0f} | {med:.2f} |"
+            )
+    return lines, out
+
+
 def table(name: str, stats: dict) -> list[str]:
     return [
         f"| {name} | {regime} | {s['rows']} | {s['median']:.3f} | {s['worst']:.3f} |"
@@ -160,6 +188,12 @@ def main() -> None:
     print(f"\nheld-out median in 0.85-1.15 in every regime: {'yes' if ok else 'NO'}")
     lines, results["decode_vs_measured"] = decode_check()
     print("\nDecode step vs public TPOT measurements:\n" + "\n".join(lines))
+    lines, results["allreduce_vs_nccl"] = allreduce_check()
+    print(
+        "\nTP all-reduce vs NCCL on a DGX H100 (not fitted: the model's fixed latency is that\n"
+        "of SGLang's custom all-reduce for small messages, which these NCCL rows do not use):\n"
+        + "\n".join(lines)
+    )
     lines, results["decode_sweep_ms_8k_context"] = decode_sweep()
     print("\nDecode step (ms) vs batch, 8K-token contexts:\n" + "\n".join(lines))
     out = Path(args.out)

@@ -5,8 +5,9 @@
 Writes ``src/pearl/sim/data/vidur_h100_linear.csv``: per model, tensor-parallel degree and
 token count, the median time of one layer's four linear operators (QKV projection, output
 projection, MLP up(+gate) projection, MLP down projection) summed, with the model's
-dimensions. Token counts are thinned to a geometric grid to keep the file small. Source
-and licence: see ``src/pearl/sim/data/README.md``.
+dimensions; and ``vidur_h100_allreduce.csv``: NCCL all-reduce median time on a DGX H100
+by number of GPUs and message bytes. Token counts and sizes are thinned to geometric grids
+to keep the files small. Source and licence: see ``src/pearl/sim/data/README.md``.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ TOKENS = (
     3072,
     4096,
 )
-OUT = (
-    Path(__file__).resolve().parents[1] / "src" / "pearl" / "sim" / "data" / "vidur_h100_linear.csv"
-)
+DATA = Path(__file__).resolve().parents[1] / "src" / "pearl" / "sim" / "data"
+OUT = DATA / "vidur_h100_linear.csv"
+ALLREDUCE_OUT = DATA / "vidur_h100_allreduce.csv"
 
 
 def main() -> None:
@@ -86,6 +87,28 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {len(rows)} rows to {OUT}")
+    allreduce(Path(sys.argv[1]) / "data" / "profiling" / "network" / "h100_dgx" / "all_reduce.csv")
+
+
+def allreduce(path: Path) -> None:
+    """Rank 0's median per (GPUs, size nearest each power of two from 2 KiB to 64 MiB)."""
+    by_gpus: dict[int, dict[int, float]] = {}
+    for r in csv.DictReader(path.open()):
+        if r["rank"] == "0":
+            by_gpus.setdefault(int(r["num_workers"]), {}).setdefault(
+                int(r["size"]), float(r["time_stats.all_reduce.median"]) * 1e-3
+            )
+    rows = []
+    for gpus, times in sorted(by_gpus.items()):
+        sizes = sorted(times)
+        chosen = sorted({min(sizes, key=lambda s, t=2**k: abs(s - t)) for k in range(11, 27)})
+        for size in chosen:
+            rows.append({"gpus": gpus, "bytes": size, "seconds": f"{times[size]:.4e}"})
+    with ALLREDUCE_OUT.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} rows to {ALLREDUCE_OUT}")
 
 
 if __name__ == "__main__":

@@ -331,3 +331,16 @@ def test_smooth_linear_roofline():
     for bad in (0.5, float("nan")):
         with pytest.raises(ConfigError, match="linear_roofline_exponent must be >= 1"):
             CostConstants(linear_roofline_exponent=bad)
+
+
+def test_large_tp_allreduces_match_measured_nccl_bandwidth():
+    from pearl.sim.costmodel import allreduce_seconds
+    from pearl.sim.operator_fit import load_allreduce
+
+    rows = load_allreduce()
+    assert len(rows) == 45 and {g for g, _, _ in rows} == {2, 4, 8}
+    link = get_gpu("H100").nvlink_bandwidth_Bps
+    for gpus, size, seconds in rows:
+        if size >= 1 << 24:  # bandwidth-bound: the ring formula holds within 25%
+            ratio = allreduce_seconds(size, gpus, link, CostConstants()) / seconds
+            assert 0.75 < ratio < 1.25, (gpus, size, ratio)

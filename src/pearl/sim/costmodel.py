@@ -232,6 +232,13 @@ def linear_seconds(
     return kernels * c.linear_kernel_overhead_s + smooth
 
 
+def allreduce_seconds(message_bytes: float, gpus: int, link_Bps: float, c: CostConstants) -> float:
+    """One ring all-reduce of ``message_bytes`` over ``gpus`` GPUs: a fixed latency plus
+    ``2 (n - 1) / n`` of the message over each GPU's link at the collective efficiency."""
+    ring = 2.0 * (gpus - 1) / gpus * message_bytes
+    return c.allreduce_latency_s + ring / (link_Bps * c.collective_efficiency)
+
+
 @dataclass(slots=True, frozen=True)
 class CostModel:
     """Seconds for engine iterations of ``model`` on a TP group of ``tp`` ``gpu``s."""
@@ -380,8 +387,7 @@ class CostModel:
         bw_kv = g.hbm_bandwidth_Bps * c.kv_memory_efficiency
         communication = 0.0
         if work.allreduce_count:
-            ring = 2.0 * (self.tp - 1) / self.tp * work.allreduce_bytes
-            per_call = c.allreduce_latency_s + ring / (self._link_Bps * c.collective_efficiency)
+            per_call = allreduce_seconds(work.allreduce_bytes, self.tp, self._link_Bps, c)
             communication = work.allreduce_count * per_call
         overhead = 0.0
         if work.tokens:

@@ -28,6 +28,7 @@ from pearl.sim.costmodel import CostConstants, linear_seconds
 from pearl.sim.hardware import H100, GPUSpec
 
 DATA = "vidur_h100_linear.csv"
+ALLREDUCE_DATA = "vidur_h100_allreduce.csv"
 KERNELS_PER_LAYER = 4
 """QKV, output, MLP up (gate fused), MLP down: one GEMM kernel each."""
 DTYPE_BYTES = 2  # the profiles ran in fp16/bf16
@@ -169,3 +170,12 @@ HELD_OUT_GROUPS: dict[str, Callable[[OperatorRow], bool]] = {
     "fitted models at TP4-8": lambda r: r.model in TRAIN_MODELS and r.tp not in TRAIN_TP,
 }
 """The held-out rows, by why they are held out."""
+
+
+def load_allreduce() -> list[tuple[int, int, float]]:
+    """The shipped NCCL all-reduce rows: (GPUs, message bytes, seconds) on a DGX H100."""
+    text = resources.files("pearl.sim").joinpath("data", ALLREDUCE_DATA).read_text()
+    return [
+        (int(r["gpus"]), int(r["bytes"]), float(r["seconds"]))
+        for r in csv.DictReader(text.splitlines())
+    ]
