@@ -179,5 +179,5 @@ def test_calibrate_rejects_bad_cases_before_calibrating(tmp_path, cases):
         app, ["calibrate", "--cases", cases, "--out", str(tmp_path / "cpu.yaml")]
     )
     assert result.exit_code == 2
-    assert "use all, or a comma list of indices 0-5" in result.output
+    assert "use all, or a comma list of indices 0-7" in result.output
     assert not (tmp_path / "cpu.yaml").exists()  # nothing was calibrated

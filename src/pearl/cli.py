@@ -91,7 +91,10 @@ def calibrate(
     fidelity: bool = typer.Option(
         True, help="then run live (Ray) vs simulated workloads and report the error"
     ),
-    cases: str = typer.Option("all", help="fidelity cases: all, or a comma list of indices (0-5)"),
+    cases: str = typer.Option(
+        "all",
+        help="fidelity cases: all, or a comma list of indices (0-7; 6-7 reconfigure mid-batch)",
+    ),
     results: str = typer.Option("results/fidelity.json", help="where to write the fidelity table"),
     live_repeats: int = typer.Option(
         3, min=1, max=20, help="live runs per fidelity case (the error is against their mean)"

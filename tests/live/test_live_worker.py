@@ -153,3 +153,31 @@ def test_fidelity_compares_the_live_mean_of_repeats_with_one_simulation(ray_runt
     assert any("x2, spread" in line for line in lines)
     with pytest.raises(ValueError, match="calibration seed"):
         fid.compare(profile, [dataclasses.replace(case, seed=fid.CALIBRATION_SEED)])
+
+
+@pytest.mark.parametrize("to", ["1P1D", "1C"])
+def test_live_mode_switch_and_shrink_mid_batch_complete_every_turn(ray_runtime, to):
+    from pearl.sim import fidelity as fid
+
+    case = fid.FidelityCase(f"2C -> {to}", "swe-cpu", 1, 2, "2C", seed=4, changes=((1.0, to),))
+    model = ModelSpec(config=fid.CALIBRATION_MODEL)
+    vocab = fid.CALIBRATION_MODEL["vocab_size"]
+    result, iterations = fid.run_live_case(case, model, fid.CALIBRATION_ENGINE, vocab)
+    batch = case.batch()
+    by_session = {f"{t.task_id}/{t.index_in_group}": t for t in batch.trajectories}
+    assert sorted(t.session_id for t in result.trajectories) == sorted(by_session)
+    for traj in result.trajectories:
+        spec = by_session[traj.session_id]
+        assert [len(o.token_ids) for o in traj.turns] == [t.response_tokens for t in spec.turns]
+    late = [o.telemetry for t in result.trajectories for o in t.turns]
+    late = [t for t in late if t.submitted_at - min(x.submitted_at for x in late) > 1.5]
+    assert late, "the batch ended before the change"
+    # None: a one-token turn needs no decode worker, a small append is prefilled where its
+    # KV lives (the decode worker)
+    if to == "1P1D":  # after the switch: prefill on w0, decode on w1
+        assert all(t.prefill_worker in ("w0", None) for t in late)
+        assert all(t.decode_worker in ("w1", None) for t in late)
+        assert any((t.prefill_worker, t.decode_worker) == ("w0", "w1") for t in late)
+    else:  # after the shrink only w0 serves
+        assert all({t.prefill_worker, t.decode_worker} <= {"w0", None} for t in late)
+    assert iterations  # the shrunk worker's log is kept too

@@ -259,3 +259,45 @@ def test_topology_labels_of_the_role_timeline():
     assert topology_at(timeline, 10.0) == "2P2D +8Do"
     assert topology_at(timeline, 25.0) == "8C +8Co"
     assert topology_at([], 0.0) == "-"
+
+
+# --- scripted reconfigurations mid-batch (fidelity cases' mode switch and shrink) -------
+
+
+@pytest.mark.parametrize("to", ["1P1D", "1C"])
+def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
+    from pearl.control.scripted import ScriptedChange
+    from pearl.sim.world import Deployment, simulate_fixed_rollout
+
+    batch = generate_batch(PROFILE, seed=3)
+    plain = simulate_fixed_rollout(batch, COST, Deployment.parse("2C"))
+    at = plain.makespan_s / 3
+    change = ScriptedChange(at, Deployment.parse(to).topology)
+    report = simulate_fixed_rollout(batch, COST, Deployment.parse("2C"), changes=[change])
+    result = report.result
+    # Every trajectory completes once with all its turns and the workload's response lengths.
+    assert sorted(t.session_id for t in result.trajectories) == sorted(
+        t.session_id for t in plain.result.trajectories
+    )
+    by_session = {f"{t.task_id}/{t.index_in_group}": t for t in batch.trajectories}
+    for traj in result.trajectories:
+        spec = by_session[traj.session_id]
+        assert [len(o.token_ids) for o in traj.turns] == [t.response_tokens for t in spec.turns]
+        assert all(o.finish_reason not in ("abort", "handed_back") for o in traj.turns)
+    late = [
+        o.telemetry
+        for t in result.trajectories
+        for o in t.turns
+        if o.telemetry.submitted_at > at + 1e-6
+    ]
+    assert late, "no turn started after the change"
+    # None: a one-token turn needs no decode worker, a small append is prefilled where its
+    # KV lives (the decode worker)
+    if to == "1P1D":  # after the switch: prefill on w0, decode on w1
+        assert all(t.prefill_worker in ("w0", None) for t in late)
+        assert all(t.decode_worker in ("w1", None) for t in late)
+        assert any((t.prefill_worker, t.decode_worker) == ("w0", "w1") for t in late)
+    else:  # after the shrink only w0 serves
+        assert all({t.prefill_worker, t.decode_worker} <= {"w0", None} for t in late)
+    with pytest.raises(ValueError, match="servable topology"):
+        ScriptedChange(1.0, Topology(prefill=1))

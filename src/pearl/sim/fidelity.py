@@ -16,6 +16,7 @@ from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
+from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.sim.calibrate import RANDOM_MODELS
 from pearl.sim.costmodel import CostModel
 from pearl.sim.models import ModelShape
@@ -46,6 +47,12 @@ class FidelityCase:
     group_size: int
     deployment: str
     seed: int = 0
+    changes: tuple[tuple[float, str], ...] = ()
+    """Reconfigurations mid-batch: (seconds after the start, deployment after), e.g.
+    ``((3.0, "1P1D"),)`` a mode switch, ``((3.0, "1C"),)`` a shrink."""
+
+    def scripted(self) -> list[ScriptedChange]:
+        return [ScriptedChange(at, Deployment.parse(to).topology) for at, to in self.changes]
 
     def batch(self) -> RolloutBatch:
         if self.workload == "swe-cpu":
@@ -67,6 +74,12 @@ DEFAULT_CASES = (
     FidelityCase("swe-cpu 16 traj, 2 colocated", "swe-cpu", 4, 4, "2C", seed=1),
     FidelityCase("game 8 traj, 2 colocated", "game", 1, 8, "2C"),
     FidelityCase("game 8 traj, 1P1D", "game", 1, 8, "1P1D"),
+    FidelityCase(
+        "swe-cpu 8 traj, 2C -> 1P1D at 3 s", "swe-cpu", 2, 4, "2C", seed=2, changes=((3.0, "1P1D"),)
+    ),
+    FidelityCase(
+        "swe-cpu 8 traj, 2C -> 1C at 3 s", "swe-cpu", 2, 4, "2C", seed=2, changes=((3.0, "1C"),)
+    ),
 )
 
 
@@ -149,6 +162,7 @@ def run_sim_case(
         vocab_size=vocab,
         size_kv_from_memory=False,
         link_latency_s=link_latency_s,
+        changes=case.scripted(),
     )
     return report.result
 
@@ -196,12 +210,35 @@ def run_live_case(
             router.set_topology(
                 prefill=seen[: deployment.prefill], decode=seen[deployment.prefill :]
             )
+        stopped: list = []  # iteration logs of workers a shrink ended
+        killed: list = []
+
+        async def stop(handle) -> None:
+            worker = getattr(handle, "_inner", handle)  # a timing proxy's worker
+            stopped.append(await worker.actor.log_iterations.remote(False))
+            killed.append(worker)
+            worker.kill()
+
         try:
             await asyncio.gather(*(w.actor.log_iterations.remote(True) for w in workers))
-            result = await run_rollout_batch(
-                case.batch(), router, AsyncioClock(), AgentLoopConfig(vocab)
+            config = AgentLoopConfig(vocab)
+            if case.changes:
+                result = await run_scripted_batch(
+                    case.batch(),
+                    seen,
+                    deployment.topology,
+                    case.scripted(),
+                    router.kv_mover,
+                    AsyncioClock(),
+                    config,
+                    stop=stop,
+                )
+            else:
+                result = await run_rollout_batch(case.batch(), router, AsyncioClock(), config)
+            alive = [w for w in workers if all(w is not k for k in killed)]
+            logs = stopped + list(
+                await asyncio.gather(*(w.actor.log_iterations.remote(False) for w in alive))
             )
-            logs = await asyncio.gather(*(w.actor.log_iterations.remote(False) for w in workers))
             return result, [it for log in logs for it in log]
         finally:
             for w in workers:

@@ -13,6 +13,8 @@ from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.interfaces import AsyncioClock, RolloutWorker, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
+from pearl.control.scripted import ScriptedChange, run_scripted_batch
+from pearl.control.state import Topology
 from pearl.sim.clock import VirtualTimeLoop, sparse_gc
 from pearl.sim.costmodel import CostModel
 from pearl.sim.network import Network
@@ -45,6 +47,10 @@ class Deployment:
     @property
     def label(self) -> str:
         return f"{self.colocated}C" if self.colocated else f"{self.prefill}P{self.decode}D"
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(self.prefill, self.decode, self.colocated)
 
     @classmethod
     def parse(cls, text: str) -> Deployment:
@@ -206,8 +212,10 @@ def simulate_fixed_rollout(
     size_kv_from_memory: bool = True,
     link_latency_s: float | None = None,
     on_iteration: Callable | None = None,
+    changes: Sequence[ScriptedChange] = (),
 ) -> FixedRolloutReport:
-    """Run ``batch`` once on ``deployment`` in virtual time and report its makespan."""
+    """Run ``batch`` once on ``deployment`` in virtual time and report its makespan;
+    ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder."""
     cluster = SimulatedCluster(
         cost,
         deployment.num_workers,
@@ -223,8 +231,18 @@ def simulate_fixed_rollout(
 
     async def main() -> BatchResult:
         router = await cluster.deploy(deployment)
-        return await run_rollout_batch(
-            batch, router, AsyncioClock(), AgentLoopConfig(vocab_size, token_seed)
+        config = AgentLoopConfig(vocab_size, token_seed)
+        if not changes:
+            return await run_rollout_batch(batch, router, AsyncioClock(), config)
+        return await run_scripted_batch(
+            batch,
+            cluster.workers,
+            deployment.topology,
+            changes,
+            router.kv_mover,
+            AsyncioClock(),
+            config,
+            stop=lambda worker: worker.close(),
         )
 
     try:
