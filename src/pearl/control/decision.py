@@ -273,6 +273,23 @@ class Decision:
     target_makespan_s: float
     current_makespan_s: float | None  # None when the current topology is infeasible for N_k
 
+    @classmethod
+    def of(
+        cls,
+        target: Candidate,
+        reason: DecisionReason,
+        candidates: tuple[Candidate, ...],
+        incumbent: Candidate | None,
+    ) -> Decision:
+        """The decision for ``target`` among ``candidates``, ``incumbent`` the current one."""
+        return cls(
+            target=target.topology,
+            reason=reason,
+            candidates=candidates,
+            target_makespan_s=target.makespan_s,
+            current_makespan_s=incumbent.makespan_s if incumbent else None,
+        )
+
     @property
     def changed(self) -> bool:
         return self.reason is not DecisionReason.KEEP
@@ -328,13 +345,7 @@ def decide(
     )
 
     def pick(target: Candidate, reason: DecisionReason) -> Decision:
-        return Decision(
-            target=target.topology,
-            reason=reason,
-            candidates=candidates,
-            target_makespan_s=target.makespan_s,
-            current_makespan_s=incumbent.makespan_s if incumbent else None,
-        )
+        return Decision.of(target, reason, candidates, incumbent)
 
     if incumbent is None:  # forced
         mode = current.mode if current is not None else None
@@ -387,13 +398,7 @@ def decide_split(
         target, reason = best, DecisionReason.RATIO_CHANGE
     else:
         target, reason = incumbent, DecisionReason.KEEP
-    return Decision(
-        target=target.topology,
-        reason=reason,
-        candidates=candidates,
-        target_makespan_s=target.makespan_s,
-        current_makespan_s=incumbent.makespan_s if incumbent else None,
-    )
+    return Decision.of(target, reason, candidates, incumbent)
 
 
 # --- Intra-scale benefit gate --------------------------------------------------------------

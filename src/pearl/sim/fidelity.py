@@ -214,7 +214,7 @@ def run_live_case(
         killed: list = []
 
         async def stop(handle) -> None:
-            worker = getattr(handle, "_inner", handle)  # a timing proxy's worker
+            worker = workers[next(i for i, h in enumerate(seen) if h is handle)]
             stopped.append(await worker.actor.log_iterations.remote(False))
             killed.append(worker)
             worker.kill()
