@@ -154,6 +154,31 @@ def test_fit_recovers_a_known_cost_model():
     np.testing.assert_allclose(predictions(profile, model, held_out), measured, rtol=0.01)
 
 
+def test_anchor_samples_set_the_fits_level():
+    """A grid timed on an idle machine gives the shape; live iterations 1.3x slower (a loaded
+    host) set the level: the anchored fit predicts them, the grid-only fit is 1.3x fast."""
+    model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
+    truth = FittedRates(20e9, 12e9, 6e9, 1.5e9, 4e-3, 1.5e-4, 6e-4)
+    cost = CostModel(truth.gpu(16e9), model, 1, truth.constants())
+    grid = exact_samples(cost, get_grid("quick").shapes)
+    shapes = [
+        BatchShape(decodes=8, decode_context=1000),
+        BatchShape(decodes=32, decode_context=300),
+    ]
+    live = [dataclasses.replace(s, seconds=1.3 * s.seconds) for s in exact_samples(cost, shapes)]
+    measured = np.array([s.seconds for s in live])
+    plain, _ = fit_profile(grid, model, clock="wall", memory_bytes=16e9)
+    np.testing.assert_allclose(predictions(plain, model, live), measured / 1.3, rtol=0.02)
+    anchored, report = fit_profile(
+        grid + live, model, clock="wall", memory_bytes=16e9, anchor=len(grid)
+    )
+    # The fit itself already leans toward the live samples; the level does the rest.
+    assert 1.0 < report.level < 1.3
+    ratios = predictions(anchored, model, live) / measured
+    assert np.median(ratios) == pytest.approx(1.0, abs=0.01) and np.all(abs(ratios - 1) < 0.05)
+    assert "level set by the live iterations" in report.table()
+
+
 def test_fit_needs_enough_positive_samples():
     model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
     sample = Sample(((16, 0),), (), 0.01)

@@ -542,6 +542,19 @@ class FittedRates:
         """Natural logs of the fields, in field order."""
         return np.log([getattr(self, f.name) for f in dataclasses.fields(self)])
 
+    def slower(self, factor: float) -> FittedRates:
+        """These rates with every predicted time ``factor`` times longer: rates divided by it,
+        overheads multiplied (exact: each roofline term and overhead scales alike)."""
+        return FittedRates(
+            self.linear_flops_per_s / factor,
+            self.attention_flops_per_s / factor,
+            self.weight_bytes_per_s / factor,
+            self.kv_bytes_per_s / factor,
+            self.iteration_overhead_s * factor,
+            self.per_sequence_overhead_s * factor,
+            self.per_prefill_chunk_overhead_s * factor,
+        )
+
     def gpu(self, memory_bytes: float) -> GPUSpec:
         """A ``cpu`` spec whose peak is the linear FLOP/s and whose bandwidth is the weights'."""
         return dataclasses.replace(
@@ -605,6 +618,8 @@ class FitReport:
     (1 - CPU time / wall time); near 0 on a quiet machine. None without CPU times."""
     profiling_seconds: float | None = None
     profile_path: str | None = None
+    level: float = 1.0
+    """The factor the anchor samples scaled every predicted time by (1: no anchor)."""
 
     def table(self) -> str:
         """A small text table of the errors, one row per kind."""
@@ -626,6 +641,8 @@ class FitReport:
                 f"clock: {self.clock}; other processes held the core {self.busy_fraction:.0%} "
                 f"of the timed wall time (median)"
             )
+        if self.level != 1.0:
+            lines.append(f"level set by the live iterations: times x{self.level:.3f}")
         if self.lower_bounds:
             lines.append(
                 f"lower bounds only (never the binding term): {', '.join(self.lower_bounds)}"
@@ -643,6 +660,7 @@ class FitReport:
             "fit_seconds": self.fit_seconds,
             "profiling_seconds": self.profiling_seconds,
             "profile_path": self.profile_path,
+            "level": self.level,
         }
 
 
@@ -714,9 +732,15 @@ def fit_profile(
     clock: Clock = "cpu",
     memory_bytes: float | None = None,
     meta: Mapping[str, Any] | None = None,
+    anchor: int = 0,
 ) -> tuple[Profile, FitReport]:
     """Fit a ``cpu`` profile so ``CostModel`` (tp=1) predicts ``samples``' times on ``clock``
     for ``model``.
+
+    With ``anchor`` n > 0 the first n samples shape the fit but the last ones set its level:
+    after fitting, every time is scaled so the median measured/predicted ratio of the samples
+    after the first n is 1 (e.g. a grid timed on an idle worker for coverage, then the
+    iterations of live runs whose load the profile must match).
 
     Minimizes the soft-L1 loss of log(predicted / measured) over the log-parameters from
     several starts. ``memory_bytes`` (default: this machine's RAM) becomes the spec's
@@ -770,6 +794,10 @@ def fit_profile(
         if best is None or result.cost < best.cost:
             best = result
     rates, lower_bounds = _tighten(FittedRates.from_log(best.x), works)
+    level = 1.0
+    if 0 < anchor < len(samples):
+        level = float(np.median(np.exp(log_measured[anchor:]) / predict(rates)[anchor:]))
+        rates = rates.slower(level)
     fit_seconds = time.perf_counter() - started
 
     relative = (predict(rates) / np.exp(log_measured) - 1.0).tolist()
@@ -787,6 +815,7 @@ def fit_profile(
         lower_bounds,
         clock,
         float(np.median(busy)) if busy else None,
+        level=level,
     )
     profile = Profile(
         gpu=rates.gpu(memory),
