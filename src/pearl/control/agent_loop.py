@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pearl.control.interfaces import Clock, TurnOutput, TurnRequest
+from pearl.control.interfaces import Clock, TrainSample, TurnOutput, TurnRequest
 from pearl.control.router import Router
 from pearl.workloads.agentic import Trajectory, observation_token_ids
 
@@ -21,7 +21,7 @@ class TrajectoryResult:
     """What one trajectory produced: its turns' outputs, timing and tokens."""
 
     session_id: str
-    trajectory: Trajectory
+    trajectory: Trajectory | None  # None for an episode (its environment decides the turns)
     started_at: float
     finished_at: float = 0.0
     turns: list[TurnOutput] = field(default_factory=list)
@@ -32,6 +32,8 @@ class TrajectoryResult:
     appended_tokens: list[int] = field(default_factory=list)
     kept_tokens: list[int] = field(default_factory=list)
     env_s: list[float] = field(default_factory=list)
+    reward: float | None = None  # episodes: the environment's reward
+    sample: TrainSample | None = None  # episodes: what the trainer trains on
 
     @property
     def generated_tokens(self) -> int:

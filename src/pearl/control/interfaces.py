@@ -120,14 +120,38 @@ class KVMover(Protocol):
 
 
 @dataclass(slots=True, frozen=True)
+class TrainSample:
+    """One trajectory as a trainer sees it: every token of its context in order, which of
+    them the model generated (the loss mask), the behaviour log-probability of each
+    generated token (0 elsewhere), its reward and its group (the task)."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+    group: str
+    success: bool = False
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"sample of {n} tokens has {len(self.loss_mask)} mask entries and "
+                f"{len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass(slots=True, frozen=True)
 class TrainBatch:
-    """What a GRPO step trains on: the batch's token count and its longest sequence."""
+    """What a GRPO step trains on: the batch's token count and its longest sequence, and
+    (live) the trajectories themselves."""
 
     step: int
     trajectories: int
     tokens: int
     max_sequence_tokens: int
     weight_versions: tuple[int, ...] = ()
+    samples: tuple[TrainSample, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -137,6 +161,8 @@ class TrainMetrics:
     started_at: float
     finished_at: float
     tokens: int
+    stats: dict[str, float] = field(default_factory=dict)
+    """What a real trainer measured (loss, gradient norm, clip fraction, ...)."""
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
+from pearl.control.episode import EpisodeBatch, run_episode_batch
 from pearl.control.interfaces import Clock, RolloutWorker, TrainBatch, Trainer
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
@@ -74,6 +75,7 @@ class StepRecord:
     # Where the rollout workers' time went since the previous batch ended (worker-seconds
     # by use: prefill, decode, idle, ...), when the world measures it.
     time_breakdown: dict[str, float] = field(default_factory=dict)
+    train_stats: dict[str, float] = field(default_factory=dict)  # what a real trainer measured
 
 
 class WeightSync:
@@ -101,7 +103,7 @@ class PipelineScheduler:
 
     def __init__(
         self,
-        batches: Callable[[int], RolloutBatch],
+        batches: Callable[[int], RolloutBatch | EpisodeBatch],
         router: Router,
         trainer: Trainer,
         weight_sync: WeightSync,
@@ -170,13 +172,16 @@ class PipelineScheduler:
             ready.put_nowait((i, asyncio.ensure_future(self._roll_out(i, batch, rec))))
         ready.put_nowait(None)
 
-    async def _roll_out(self, i: int, batch: RolloutBatch, rec: StepRecord) -> None:
+    async def _roll_out(self, i: int, batch: RolloutBatch | EpisodeBatch, rec: StepRecord) -> None:
         def done(result: TrajectoryResult) -> None:
             self.unfinished[i] -= 1
             if self.on_trajectory is not None:
                 self.on_trajectory(result)
 
-        result = await run_rollout_batch(batch, self.router, self.clock, self.loop_config, done)
+        if isinstance(batch, EpisodeBatch):
+            result = await run_episode_batch(batch, self.router, self.clock, self.loop_config, done)
+        else:
+            result = await run_rollout_batch(batch, self.router, self.clock, self.loop_config, done)
         rec.rollout_finished = self.clock.now()
         rec.result = result
         rec.rollout_tokens = result.generated_tokens
@@ -203,12 +208,15 @@ class PipelineScheduler:
                 trajectories=len(result.trajectories),
                 tokens=tokens,
                 max_sequence_tokens=max(t.context_tokens for t in result.trajectories),
+                weight_versions=rec.weight_versions,
+                samples=tuple(t.sample for t in result.trajectories if t.sample is not None),
             )
             if self.listener is not None:
                 await self.listener.on_training_begin(i)
             rec.train_started = self.clock.now()
             metrics = await self.trainer.train_step(batch)
             rec.train_finished = self.clock.now()
+            rec.train_stats = metrics.stats
             rec.train_tokens = tokens
             if self.listener is not None:
                 await self.listener.on_training_finished(i, metrics.weight_version)

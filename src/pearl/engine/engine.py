@@ -354,12 +354,21 @@ class LLMEngine:
         self.runner.allocate_kv_cache()
         self._asleep = False
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def load_weights(
+        self, state_dict: Mapping[str, torch.Tensor], version: int, in_flight: bool = False
+    ) -> None:
         """Swap in new weights tagged ``version``; the prefix cache and pinned sessions are
         dropped. Works asleep (the weights become the ones ``wake`` restores) or awake with
-        no request in flight. A bad state dict raises and changes nothing."""
+        no request in flight. With ``in_flight`` the update lands between two iterations
+        while requests run (an RL weight update mid-rollout): their KV and the pinned
+        sessions are kept and they continue under the new weights, their later tokens
+        tagged ``version``. A bad state dict raises and changes nothing."""
         if not isinstance(version, int) or version < 0:
             raise RequestError(f"weight version must be a non-negative int, got {version!r}")
+        if in_flight and not self._asleep:
+            load_state_dict(self.model, state_dict, source=f"weights v{version}")
+            self.weight_version = version
+            return
         if self.scheduler.has_work():
             raise EngineStateError(
                 f"cannot load weights with {self.scheduler.num_requests()} requests in flight; abort or drain first"

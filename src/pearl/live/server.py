@@ -110,6 +110,17 @@ class EngineServer:
             outs = self.engine.abort_all()
         return [self._resolve(o) for o in outs]
 
+    async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
+        """Install the trainer's ``(version, numpy weights)`` between two iterations; turns in
+        flight continue under them. Returns the version."""
+        import torch
+
+        version, arrays = weights
+        state = {name: torch.from_numpy(a) for name, a in arrays.items()}
+        async with self._lock:
+            self.engine.load_weights(state, version, in_flight=True)
+        return version
+
     async def stats(self) -> dict[str, Any]:
         from dataclasses import asdict
 

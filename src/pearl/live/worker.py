@@ -43,6 +43,10 @@ class LiveWorker:
     ):
         self.worker_id = worker_id
         self._role = role
+        self.requested_version = 0
+        # Where sync_weights finds the newest weights: an ObjectRef of the trainer's
+        # (version, weights) in Ray's object store (set by the training run).
+        self.weights_source = None
         config = {**engine_config, "role": role.value}
         self.actor = _actor_class().options(name=None).remote(worker_id, model, config)
 
@@ -78,6 +82,18 @@ class LiveWorker:
 
     async def abort_all(self) -> list[TurnOutput]:
         return await self.actor.abort_all.remote()
+
+    async def sync_weights(self, version: int, seconds: float = 0.0) -> None:
+        """Fetch the trainer's weights ``version`` from the object store (the actor reads
+        them directly; they never pass through the driver) and install them."""
+        if self.weights_source is None:
+            raise RuntimeError(f"worker {self.worker_id} has no weights source to sync from")
+        self.requested_version = version
+        installed = await self.actor.load_weights.remote(self.weights_source())
+        if installed != version:
+            raise RuntimeError(
+                f"worker {self.worker_id}: asked for weights v{version}, the store holds v{installed}"
+            )
 
     async def stats(self) -> dict[str, Any]:
         return await self.actor.stats.remote()

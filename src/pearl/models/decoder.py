@@ -8,6 +8,7 @@ tokens (see ``pearl.models.attention``), not a padded ``[batch, seq]`` tensor.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pearl.models.attention import AttentionMetadata, paged_attention
@@ -53,6 +54,24 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
+    def dense(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
+        """Causal self-attention over a padded batch ``x [B, L, hidden]`` without a KV cache
+        (training); right padding never reaches a real token."""
+        b, length, _ = x.shape
+        n = b * length
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions.repeat(b), q, k)
+        q = q.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+
 
 class DecoderLayer(nn.Module):
     """Pre-norm attention block followed by a pre-norm SwiGLU block."""
@@ -66,6 +85,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, positions, rotary, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def dense(self, x, positions, rotary):
+        x = x + self.self_attn.dense(self.input_layernorm(x), positions, rotary)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -103,6 +126,15 @@ class DecoderForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, positions, self.rotary, cache, meta)
+        return self.model.norm(x)
+
+    def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[B, L, hidden]`` of a right-padded batch ``[B, L]`` (training and
+        scoring: full causal attention, no KV cache)."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer.dense(x, positions, self.rotary)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

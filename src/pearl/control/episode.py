@@ -1,0 +1,142 @@
+"""Episodes: trajectories whose turns an environment decides, as token ids.
+
+The synthetic agent loop (``agent_loop.py``) replays turns whose lengths a workload fixed in
+advance; an episode instead asks its environment, after every reply, what the model sees
+next, what it earned and whether it is over. The control plane only sees token ids: the
+world's ``Episode`` turns replies into text for its environment and observations back into
+tokens. The result carries a ``TrainSample`` (every context token, the loss mask over the
+model's own tokens, their behaviour log-probabilities, the reward) for the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
+from pearl.control.interfaces import Clock, TrainSample, TurnRequest
+from pearl.control.rollout import BatchResult
+from pearl.control.router import Router
+
+
+class Episode(Protocol):
+    """One trajectory's environment, seen in tokens."""
+
+    group: str
+    """The task: GRPO normalizes rewards among a group's trajectories."""
+
+    async def start(self) -> list[int]:
+        """The first context (system prompt, task, the assistant's header)."""
+
+    async def respond(self, reply: list[int]) -> tuple[list[int], float, bool]:
+        """The environment's answer to ``reply``: (tokens appended to the context, reward,
+        done). The reward of an episode is the sum over its turns."""
+
+    @property
+    def success(self) -> bool: ...
+
+
+@dataclass(slots=True, frozen=True)
+class EpisodeBatch:
+    """A rollout batch of episodes: ``(session id, episode)`` pairs, G per task."""
+
+    episodes: list[tuple[str, Episode]]
+    max_new_tokens: int
+    max_context_tokens: int
+
+    @property
+    def num_trajectories(self) -> int:
+        return len(self.episodes)
+
+
+async def run_episode(
+    session_id: str,
+    episode: Episode,
+    router: Router,
+    clock: Clock,
+    config: AgentLoopConfig,
+    max_new_tokens: int,
+    max_context_tokens: int,
+) -> TrajectoryResult:
+    """Run ``episode`` to its end (or until its context is full)."""
+    result = TrajectoryResult(session_id, None, started_at=clock.now())
+    context = list(await episode.start())
+    mask = [0] * len(context)
+    logprobs = [0.0] * len(context)
+    reward = 0.0
+    appended = len(context)
+    k = 0
+    while True:
+        budget = min(max_new_tokens, max_context_tokens - len(context))
+        if budget < 1:
+            break
+        request_id = f"{session_id}/t{k}"
+        request = TurnRequest(
+            request_id=request_id,
+            session_id=session_id,
+            token_ids=context,
+            max_new_tokens=budget,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=None
+            if config.seed is None
+            else zlib.crc32(f"{config.seed}/{request_id}".encode()),
+            ignore_eos=False,
+        )
+        out = await router.run_turn(request)
+        result.turns.append(out)
+        result.appended_tokens.append(appended)
+        result.kept_tokens.append(0)
+        context = context + out.token_ids
+        mask += [1] * len(out.token_ids)
+        logprobs += list(out.logprobs)
+        env_start = clock.now()
+        observation, turn_reward, done = await episode.respond(out.token_ids)
+        result.env_s.append(clock.now() - env_start)
+        reward += turn_reward
+        k += 1
+        if done:
+            break
+        context = context + observation
+        mask += [0] * len(observation)
+        logprobs += [0.0] * len(observation)
+        appended = len(observation)
+    await router.end_session(session_id)
+    result.finished_at = clock.now()
+    result.context_tokens = len(context)
+    result.reward = reward
+    result.sample = TrainSample(
+        tuple(context), tuple(mask), tuple(logprobs), reward, episode.group, episode.success
+    )
+    return result
+
+
+async def run_episode_batch(
+    batch: EpisodeBatch,
+    router: Router,
+    clock: Clock,
+    config: AgentLoopConfig,
+    on_trajectory: Callable[[TrajectoryResult], None] | None = None,
+) -> BatchResult:
+    """All of the batch's episodes at once; returns when the last one ends."""
+    start = clock.now()
+
+    async def one(session_id: str, episode: Episode) -> TrajectoryResult:
+        result = await run_episode(
+            session_id,
+            episode,
+            router,
+            clock,
+            config,
+            batch.max_new_tokens,
+            batch.max_context_tokens,
+        )
+        if on_trajectory is not None:
+            on_trajectory(result)
+        return result
+
+    results = await asyncio.gather(*(one(sid, ep) for sid, ep in batch.episodes))
+    return BatchResult(list(results), start, clock.now())

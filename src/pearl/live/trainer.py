@@ -1,0 +1,289 @@
+"""The live GRPO trainer: PyTorch, one process (a Ray actor in ``pearl train``).
+
+``GRPOTrainer`` is a plain class (tested in-process); ``LiveTrainer`` is the control
+plane's handle on it as a Ray actor and implements ``pearl.control.interfaces.Trainer``.
+A step packs the batch's trajectories into micro-batches of at most ``micro_batch_tokens``
+padded tokens, scores only the positions that predict the model's own tokens (the lm head
+runs on those rows only), accumulates the clipped token-level GRPO loss, clips the
+gradient norm and takes one AdamW step; the new weights are version ``step + 1``.
+
+Checkpoints hold no pickle: weights and optimizer moments in safetensors, counters in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
+from pearl.errors import CheckpointError
+from pearl.live.grpo import clipped_token_loss, group_advantages
+from pearl.live.server import ModelSpec
+
+
+@dataclass(slots=True, frozen=True)
+class TrainerConfig:
+    learning_rate: float = 2e-6
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    clip_eps: float = 0.2
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 2048
+    temperature: float = 1.0
+    """The sampling temperature the behaviour log-probabilities were computed at."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "learning_rate": self.learning_rate > 0 and math.isfinite(self.learning_rate),
+            "clip_eps": 0 < self.clip_eps < 1,
+            "max_grad_norm": self.max_grad_norm > 0,
+            "micro_batch_tokens": self.micro_batch_tokens >= 16,
+            "temperature": self.temperature > 0,
+            "weight_decay": self.weight_decay >= 0,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"trainer config: invalid {', '.join(bad)} in {self}")
+
+
+class DeviceLentError(RuntimeError):
+    """The trainer was asked to step while its device is lent to rollout."""
+
+
+class GRPOTrainer:
+    def __init__(
+        self, model: ModelSpec, config: TrainerConfig | None = None, torch_threads: int = 1
+    ) -> None:
+        from pearl.models.config import ModelConfig
+        from pearl.models.loader import build_model, load_model
+
+        torch.set_num_threads(torch_threads)
+        self.config = config or TrainerConfig()
+        if model.folder is not None:
+            self.model = load_model(model.folder)
+        elif model.config is not None:
+            self.model = build_model(ModelConfig.from_dict(model.config), seed=model.seed)
+        else:
+            raise ValueError("ModelSpec needs a folder or a config")
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.learning_rate,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        self.version = 0
+        self.lent = False
+
+    # -- scoring ------------------------------------------------------------------------
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
+        """Indices of ``samples`` grouped by length so each group's padded size fits."""
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            longest = len(samples[i].token_ids)  # sorted: the newest is the longest
+            if current and (len(current) + 1) * longest > self.config.micro_batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _token_logprobs(self, samples: list[TrainSample]) -> tuple[torch.Tensor, ...]:
+        """(log-probabilities of each masked token [B, L-1], behaviour ones, mask), with
+        position j predicting token j + 1."""
+        length = max(len(s.token_ids) for s in samples)
+        ids = torch.zeros(len(samples), length, dtype=torch.long)
+        mask = torch.zeros(len(samples), length - 1)
+        old = torch.zeros(len(samples), length - 1)
+        for b, s in enumerate(samples):
+            n = len(s.token_ids)
+            ids[b, :n] = torch.tensor(s.token_ids)
+            mask[b, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
+            old[b, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
+        hidden = self.model.forward_dense(ids)[:, :-1]  # [B, L-1, H]
+        rows = mask.bool()
+        logits = self.model.compute_logits(hidden[rows]) / self.config.temperature
+        chosen = torch.log_softmax(logits, dim=-1).gather(1, ids[:, 1:][rows].unsqueeze(1))
+        logprobs = torch.zeros(len(samples), length - 1)
+        logprobs = logprobs.masked_scatter(rows, chosen.squeeze(1))
+        return logprobs, old, mask
+
+    @torch.no_grad()
+    def score(self, samples: list[TrainSample]) -> list[list[float]]:
+        """The current weights' log-probability of each masked token (0 elsewhere), aligned
+        with each sample's tokens."""
+        out: list[list[float]] = [[] for _ in samples]
+        for group in self._micro_batches(samples):
+            logprobs, _, _ = self._token_logprobs([samples[i] for i in group])
+            for row, i in enumerate(group):
+                n = len(samples[i].token_ids)
+                out[i] = [0.0] + logprobs[row, : n - 1].tolist()
+        return out
+
+    # -- training -----------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One GRPO step on ``batch.samples``; returns what it measured."""
+        if self.lent:
+            raise DeviceLentError("the trainer's device is lent to rollout; restore it first")
+        samples = list(batch.samples)
+        if not samples:
+            raise ValueError(f"train step {batch.step} has no samples")
+        t0 = time.perf_counter()
+        advantages = group_advantages([s.reward for s in samples], [s.group for s in samples])
+        total = sum(sum(s.loss_mask[1:]) for s in samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = tokens = clipped = ratio_sum = 0.0
+        for group in self._micro_batches(samples):
+            logprobs, old, mask = self._token_logprobs([samples[i] for i in group])
+            adv = torch.tensor([advantages[i] for i in group], dtype=torch.float32)
+            loss, stats = clipped_token_loss(logprobs, old, adv, mask, self.config.clip_eps, total)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            tokens += stats["tokens"]
+            clipped += stats["clipped"]
+            ratio_sum += stats["ratio_sum"]
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        )
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
+        self.optimizer.step()
+        self.version += 1
+        rewards = [s.reward for s in samples]
+        return {
+            "loss": loss_sum,
+            "grad_norm": grad_norm,
+            "clip_fraction": clipped / max(1.0, tokens),
+            "mean_ratio": ratio_sum / max(1.0, tokens),
+            "trained_tokens": tokens,
+            "reward_mean": float(np.mean(rewards)),
+            "reward_std": float(np.std(rewards)),
+            "success_rate": float(np.mean([s.success for s in samples])),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    # -- weights, devices, checkpoints ----------------------------------------------------
+    def weights(self) -> tuple[int, dict[str, np.ndarray]]:
+        """(version, weights as numpy arrays) for the rollout workers."""
+        return self.version, {
+            n: p.detach().numpy().copy() for n, p in self.model.named_parameters()
+        }
+
+    def release_device(self) -> None:
+        self.lent = True
+
+    def restore_device(self) -> None:
+        self.lent = False
+
+    def save(self, folder: str | Path) -> Path:
+        """Write weights (a loadable model folder), optimizer moments and counters."""
+        from safetensors.torch import save_file
+
+        from pearl.models.loader import save_model
+
+        folder = Path(folder)
+        tmp = folder.with_name(folder.name + ".tmp")
+        save_model(self.model, tmp)
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        moments: dict[str, torch.Tensor] = {}
+        steps: dict[str, float] = {}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                state = self.optimizer.state.get(p)
+                if state:
+                    name = names[id(p)]
+                    moments[f"{name}:exp_avg"] = state["exp_avg"].contiguous()
+                    moments[f"{name}:exp_avg_sq"] = state["exp_avg_sq"].contiguous()
+                    steps[name] = float(state["step"])
+        # A subfolder: the checkpoint itself stays a model folder engines can load.
+        (tmp / "optimizer").mkdir()
+        save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
+        meta = {"version": self.version, "steps": steps, "config": asdict(self.config)}
+        (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
+        if folder.exists():
+            import shutil
+
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+        return folder
+
+    def load(self, folder: str | Path) -> None:
+        """Restore weights, optimizer moments and the version from ``save``'s folder."""
+        from safetensors.torch import load_file
+
+        from pearl.models.loader import load_state_dict, read_safetensors_folder
+
+        folder = Path(folder)
+        try:
+            meta = json.loads((folder / "optimizer" / "trainer.json").read_text())
+            moments = load_file(str(folder / "optimizer" / "moments.safetensors"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{folder}: not a trainer checkpoint ({exc})") from None
+        load_state_dict(self.model, read_safetensors_folder(folder), source=str(folder))
+        named = dict(self.model.named_parameters())
+        for name, step in meta.get("steps", {}).items():
+            if name not in named:
+                raise CheckpointError(f"{folder}: optimizer state for unknown tensor {name!r}")
+            self.optimizer.state[named[name]] = {
+                "step": torch.tensor(step),
+                "exp_avg": moments[f"{name}:exp_avg"],
+                "exp_avg_sq": moments[f"{name}:exp_avg_sq"],
+            }
+        self.version = int(meta["version"])
+
+
+class LiveTrainer:
+    """The control plane's handle on a ``GRPOTrainer`` actor; keeps the newest weights in
+    Ray's object store for the rollout workers (``weights_ref``)."""
+
+    def __init__(self, model: ModelSpec, config: TrainerConfig, torch_threads: int = 1):
+        import ray
+
+        cls = ray.remote(num_cpus=1)(GRPOTrainer)
+        self.actor = cls.remote(model, config, torch_threads)
+        self._version = 0
+        self.weights_ref = None  # ObjectRef of (version, weights) of ``_version``
+        self.history: list[dict[str, float]] = []
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def start(self, resume: str | None = None) -> None:
+        if resume is not None:
+            await self.actor.load.remote(resume)
+        self._version, _ = await self._publish()
+
+    async def _publish(self) -> tuple[int, Any]:
+        self.weights_ref = self.actor.weights.remote()
+        version, _ = await self.weights_ref
+        return version, self.weights_ref
+
+    async def train_step(self, batch: TrainBatch) -> TrainMetrics:
+        started = time.time()
+        stats = await self.actor.train_step.remote(batch)
+        self._version, _ = await self._publish()
+        self.history.append(stats)
+        return TrainMetrics(
+            batch.step, self._version, started, time.time(), int(stats["trained_tokens"]), stats
+        )
+
+    async def release_device(self) -> None:
+        await self.actor.release_device.remote()
+
+    async def restore_device(self) -> None:
+        await self.actor.restore_device.remote()
+
+    async def save(self, folder: str) -> None:
+        await self.actor.save.remote(folder)

@@ -1,0 +1,322 @@
+"""``pearl train``: asynchronous multi-turn GRPO on a real model, live.
+
+Composition: a GRPO trainer actor and engine actors (Ray, one torch thread each) under
+the control plane's router and pipeline scheduler: rollout batch i + 1 runs while the
+trainer trains on batch i (staleness 1), every batch is a group of episodes per task of a
+text environment, and new weights reach every rollout worker through Ray's object store
+after each step. Before the first and after the last step the policy is evaluated on
+held-out tasks. The run folder gets the config, ``metrics.jsonl`` (one row per step),
+``events.jsonl``, ``eval.json``, checkpoints and plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from pearl.config import _Section, dump_config, load_config
+
+
+class TrainModelSection(_Section):
+    name: str = Field("smollm2-135m", description="catalog model or a Hugging Face folder")
+
+
+class TrainEnvSection(_Section):
+    name: str = Field("calculator", description="calculator or guess")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the environment's arguments, e.g. {level: easy}"
+    )
+
+
+class TrainRolloutSection(_Section):
+    workers: int = Field(1, ge=1, le=16, description="colocated rollout workers (processes)")
+    tasks_per_step: int = Field(8, ge=1, le=1024)
+    group_size: int = Field(4, ge=2, le=64, description="trajectories per task (GRPO group)")
+    max_new_tokens: int = Field(64, ge=1, le=4096, description="per turn")
+    max_context_tokens: int = Field(768, ge=16, le=32768)
+    temperature: float = Field(1.0, gt=0, le=2.0)
+    kv_blocks: int = Field(
+        512, ge=16, le=1_000_000, description="KV blocks of 16 tokens per worker"
+    )
+    max_num_seqs: int = Field(64, ge=1, le=1024)
+
+
+class TrainTrainerSection(_Section):
+    learning_rate: float = Field(2e-6, gt=0, le=1e-2)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(2048, ge=16, le=1_000_000)
+    threads: int = Field(1, ge=1, le=64, description="torch threads of the trainer process")
+
+
+class TrainRunSection(_Section):
+    steps: int = Field(20, ge=1, le=100_000)
+    max_staleness: int = Field(1, ge=0, le=8)
+    seed: int = Field(0, ge=0)
+    eval_tasks: int = Field(64, ge=0, le=100_000, description="held-out tasks before and after")
+    eval_temperature: float = Field(0.0, ge=0, le=2.0, description="0: greedy")
+    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: end only)")
+    run_dir: str = "runs"
+    run_name: str | None = None
+
+    @field_validator("run_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value or "/" in value or "\\" in value or value in (".", "..")
+        ):
+            raise ValueError(f"run_name must be a plain folder name, got {value!r}")
+        return value
+
+
+class TrainConfig(_Section):
+    model: TrainModelSection = Field(default_factory=TrainModelSection)
+    env: TrainEnvSection = Field(default_factory=TrainEnvSection)
+    rollout: TrainRolloutSection = Field(default_factory=TrainRolloutSection)
+    trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
+    run: TrainRunSection = Field(default_factory=TrainRunSection)
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    return load_config(TrainConfig, path, overrides)
+
+
+class TrainRun:
+    """A live GRPO run: actors, router, pipeline, run folder."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
+        from pearl.envs import make_env
+        from pearl.models.catalog import resolve_model
+        from pearl.models.chat import ChatFormat
+        from pearl.models.config import ModelConfig
+        from pearl.models.tokenizer import Tokenizer
+
+        self.cfg = cfg
+        self.log = log
+        make_env(cfg.env.name, **cfg.env.options)  # fail on bad options before starting actors
+        self.folder = resolve_model(cfg.model.name, log=log)
+        self.model_config = ModelConfig.from_folder(self.folder)
+        self.chat = ChatFormat(Tokenizer(self.folder))
+
+    def episodes(self, split: str, first: int, tasks: int, group: int):
+        """``tasks`` x ``group`` episodes of the tasks ``first``.. of ``split``."""
+        from pearl.envs import make_env, split_seed
+        from pearl.live.episodes import TextEpisode
+
+        out = []
+        for t in range(first, first + tasks):
+            seed = split_seed(split, t)
+            for g in range(group):
+                env = make_env(self.cfg.env.name, **self.cfg.env.options)
+                out.append((f"{split}{t}/{g}", TextEpisode(env, seed, self.chat, f"{split}{t}")))
+        return out
+
+    def run(self, resume: str | None = None) -> dict[str, Any]:
+        return asyncio.run(self._main(resume))
+
+    async def _main(self, resume: str | None) -> dict[str, Any]:
+        import ray
+
+        from pearl.control.agent_loop import AgentLoopConfig
+        from pearl.control.episode import EpisodeBatch, run_episode_batch
+        from pearl.control.interfaces import AsyncioClock
+        from pearl.control.pipeline import PipelineConfig, PipelineScheduler, WeightSync
+        from pearl.control.router import Router
+        from pearl.live.server import ModelSpec
+        from pearl.live.trainer import LiveTrainer, TrainerConfig
+        from pearl.live.worker import LiveKVMover, LiveWorker, ensure_ray
+        from pearl.report.run_folder import RunFolder
+
+        cfg = self.cfg
+        name = cfg.run.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        folder = RunFolder(cfg.run.run_dir, name)
+        folder.write_config(dump_config(cfg))
+        self.log(f"run folder: {folder.path}")
+        ensure_ray(cfg.rollout.workers + 1)
+        spec = ModelSpec(folder=str(self.folder))
+        trainer = LiveTrainer(
+            spec,
+            TrainerConfig(
+                learning_rate=cfg.trainer.learning_rate,
+                clip_eps=cfg.trainer.clip_eps,
+                max_grad_norm=cfg.trainer.max_grad_norm,
+                micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                temperature=cfg.rollout.temperature,
+            ),
+            cfg.trainer.threads,
+        )
+        engine = dict(
+            block_size=16,
+            num_kv_blocks=cfg.rollout.kv_blocks,
+            max_num_seqs=cfg.rollout.max_num_seqs,
+            max_model_len=cfg.rollout.max_context_tokens,
+        )
+        workers = [LiveWorker(f"w{i}", spec, engine) for i in range(cfg.rollout.workers)]
+        try:
+            await asyncio.gather(trainer.start(resume), *(w.ready() for w in workers))
+            for w in workers:
+                w.weights_source = lambda: trainer.weights_ref
+            first_step = trainer.weight_version
+            if first_step:
+                await asyncio.gather(*(w.sync_weights(first_step) for w in workers))
+                self.log(f"resumed from {resume} at weights v{first_step}")
+            router = Router(LiveKVMover())
+            router.set_topology(colocated=workers)
+            clock = AsyncioClock()
+            loop = AgentLoopConfig(
+                vocab_size=self.model_config.vocab_size,
+                temperature=cfg.rollout.temperature,
+                seed=cfg.run.seed,
+            )
+
+            async def evaluate(tag: str) -> dict[str, Any]:
+                if not cfg.run.eval_tasks:
+                    return {}
+                eval_loop = AgentLoopConfig(
+                    vocab_size=self.model_config.vocab_size,
+                    temperature=cfg.run.eval_temperature,  # 0: greedy
+                    seed=cfg.run.seed,
+                )
+                batch = EpisodeBatch(
+                    self.episodes("heldout", 0, cfg.run.eval_tasks, 1),
+                    cfg.rollout.max_new_tokens,
+                    cfg.rollout.max_context_tokens,
+                )
+                t0 = time.monotonic()
+                result = await run_episode_batch(batch, router, clock, eval_loop)
+                wins = [t.sample.success for t in result.trajectories]
+                row = {
+                    "when": tag,
+                    "weight_version": trainer.weight_version,
+                    "tasks": len(wins),
+                    "successes": sum(wins),
+                    "success_rate": sum(wins) / len(wins),
+                    "ci95": wilson_interval(sum(wins), len(wins)),
+                    "mean_reward": statistics.fmean(t.reward for t in result.trajectories),
+                    "seconds": time.monotonic() - t0,
+                }
+                folder.event({"event": "eval", **row})
+                self.log(
+                    f"eval ({tag}, v{row['weight_version']}): success {row['successes']}/"
+                    f"{row['tasks']} = {100 * row['success_rate']:.1f}% "
+                    f"(95% CI {100 * row['ci95'][0]:.1f}-{100 * row['ci95'][1]:.1f}%)"
+                )
+                return row
+
+            before = await evaluate("before")
+            offset = first_step  # task indices continue after a resume
+
+            def batch_of(i: int) -> EpisodeBatch:
+                first = (offset + i) * cfg.rollout.tasks_per_step
+                return EpisodeBatch(
+                    self.episodes(
+                        "train", first, cfg.rollout.tasks_per_step, cfg.rollout.group_size
+                    ),
+                    cfg.rollout.max_new_tokens,
+                    cfg.rollout.max_context_tokens,
+                )
+
+            run_started = time.monotonic()
+            pipeline: PipelineScheduler | None = None
+
+            class Listener:
+                async def on_rollout_finished(self, step, result) -> None:
+                    pass
+
+                async def on_training_begin(self, step) -> None:
+                    pass
+
+                async def on_training_finished(inner, step, version) -> None:  # noqa: N805
+                    if step < 0:
+                        return
+                    rec = pipeline.records[step]
+                    row = step_row(rec, version, offset, time.monotonic() - run_started)
+                    folder.metric(row)
+                    self.log(
+                        f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  success "
+                        f"{100 * row['success_rate']:5.1f}%  rollout {row['rollout_s']:5.1f}s  "
+                        f"train {row['train_s']:5.1f}s  gen {row['rollout_tokens_per_s']:6.1f} tok/s  "
+                        f"staleness {row['staleness']}  v{version}"
+                    )
+                    every = cfg.run.checkpoint_every
+                    if every and (step + 1) % every == 0:
+                        await trainer.save(str(folder.path / "checkpoints" / f"v{version}"))
+
+            pipeline = PipelineScheduler(
+                batch_of,
+                router,
+                trainer,
+                WeightSync(lambda: workers, lambda n: 0.0),
+                clock,
+                loop,
+                PipelineConfig(cfg.run.steps, max_staleness=cfg.run.max_staleness),
+                Listener(),
+            )
+            records = await pipeline.run()
+            train_s = time.monotonic() - run_started
+            checkpoint = folder.path / "checkpoints" / f"v{trainer.weight_version}"
+            await trainer.save(str(checkpoint))
+            after = await evaluate("after")
+            summary = {
+                "complete": True,
+                "steps": len(records),
+                "train_seconds": train_s,
+                "before": before,
+                "after": after,
+                "checkpoint": str(checkpoint),
+                "weight_version": trainer.weight_version,
+            }
+            folder.summary(summary)
+            self.log(f"checkpoint: {checkpoint}")
+            return {"run_dir": str(folder.path), **summary}
+        finally:
+            folder.close()
+            for w in workers:
+                w.kill()
+            ray.kill(trainer.actor)
+
+
+def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
+    """One ``metrics.jsonl`` row for a trained step."""
+    stats = rec.train_stats
+    trajectories = rec.result.trajectories
+    rollout_s = rec.rollout_finished - rec.rollout_started
+    return {
+        "step": offset + rec.step,
+        "elapsed_s": elapsed,
+        "reward_mean": stats.get("reward_mean", math.nan),
+        "reward_std": stats.get("reward_std", math.nan),
+        "success_rate": stats.get("success_rate", math.nan),
+        "trajectories": len(trajectories),
+        "turns": sum(len(t.turns) for t in trajectories),
+        "rollout_tokens": rec.rollout_tokens,
+        "train_tokens": int(stats.get("trained_tokens", 0)),
+        "rollout_s": rollout_s,
+        "train_s": rec.train_finished - rec.train_started,
+        "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,
+        "staleness": version - 1 - rec.weight_versions[0],
+        "weight_version": version,
+        "loss": stats.get("loss", math.nan),
+        "grad_norm": stats.get("grad_norm", math.nan),
+        "clip_fraction": stats.get("clip_fraction", math.nan),
+        "roles": "colocated",
+    }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95% by default)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))

@@ -1,0 +1,162 @@
+"""``pearl train`` end to end on a tiny random Llama with a ChatML tokenizer: Ray actors,
+the control plane's router and pipeline, episodes of the calculator task, weight sync,
+metrics, checkpoints and resume."""
+
+import json
+
+import pytest
+
+from pearl.config import ConfigError
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.episode import EpisodeBatch, run_episode_batch
+from pearl.control.interfaces import AsyncioClock
+from pearl.control.router import Router
+from pearl.models.chat import ChatFormat
+from pearl.models.config import ModelConfig
+from pearl.models.loader import build_model, save_model
+from pearl.models.tokenizer import Tokenizer
+
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+    "eos_token_id": 257,
+}
+
+
+def tiny_chat_model(folder):
+    """A random Llama with a byte-level tokenizer that knows ChatML's two special tokens."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])  # ids 256, 257
+    save_model(build_model(ModelConfig.from_dict(LLAMA), seed=0), folder)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    return tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+def test_chat_format_builds_turns_from_token_ids(chat_model):
+    tok = Tokenizer(chat_model)
+    chat = ChatFormat(tok)
+    prompt = chat.prompt("sys", "What is 2 + 2?")
+    assert tok.decode(prompt) == (
+        "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    reply = tok.encode("hi")
+    # A reply cut off by the token budget gets its end token from the environment's side.
+    assert tok.decode(chat.next_turn(reply, "ok")).startswith("<|im_end|>\n<|im_start|>user\nok")
+    assert chat.next_turn(reply + [chat.end_id], "ok")[0] != chat.end_id
+    assert chat.text(reply + [chat.end_id]) == "hi"
+
+
+@pytest.fixture
+def ray_runtime():
+    ray = pytest.importorskip("ray")
+    from pearl.live.worker import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray_runtime):
+    import asyncio
+
+    from pearl.live.server import ModelSpec
+    from pearl.live.worker import LiveWorker
+    from pearl.train import TrainConfig, TrainRun
+
+    cfg = TrainConfig.model_validate(
+        {"model": {"name": str(chat_model)}, "rollout": {"max_new_tokens": 12}}
+    )
+    run = TrainRun(cfg, log=lambda _: None)
+
+    async def main():
+        worker = LiveWorker(
+            "w0", ModelSpec(folder=str(chat_model)), {"block_size": 16, "num_kv_blocks": 256}
+        )
+        await worker.ready()
+        router = Router()
+        router.set_topology(colocated=[worker])
+        batch = EpisodeBatch(run.episodes("train", 0, 2, 2), 12, 600)
+        loop = AgentLoopConfig(vocab_size=300, temperature=1.0, seed=3)
+        result = await run_episode_batch(batch, router, AsyncioClock(), loop)
+        worker.kill()
+        return result
+
+    result = asyncio.run(main())
+    assert len(result.trajectories) == 4
+    for t in result.trajectories:
+        s = t.sample
+        generated = [tok for out in t.turns for tok in out.token_ids]
+        assert [tok for tok, m in zip(s.token_ids, s.loss_mask, strict=True) if m] == generated
+        assert [lp for lp, m in zip(s.logprobs, s.loss_mask, strict=True) if m] == pytest.approx(
+            [lp for out in t.turns for lp in out.logprobs]
+        )
+        # Random weights never follow the format: every turn up to max_turns is used.
+        assert len(t.turns) == 3 and s.reward == 0.0 and s.group.startswith("train")
+    assert {t.sample.group for t in result.trajectories} == {"train0", "train1"}
+
+
+def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ray_runtime):
+    from pearl.train import TrainRun, load_train_config
+
+    overrides = [
+        f"model.name={chat_model}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=2",
+        "run.eval_tasks=2",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=first",
+        "trainer.learning_rate=1e-3",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    folder = tmp_path / "first"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and [r["weight_version"] for r in rows] == [1, 2]
+    assert all(r["trajectories"] == 4 and r["train_tokens"] > 0 for r in rows)
+    # Staleness 1: batch 1 was rolled out with v0 while step 0 trained.
+    assert rows[0]["staleness"] == 0 and rows[1]["staleness"] <= 1
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["complete"] and summary["before"]["tasks"] == 2
+    checkpoint = folder / "checkpoints" / "v2"
+    assert out["checkpoint"] == str(checkpoint) and (checkpoint / "model.safetensors").is_file()
+    again = TrainRun(
+        load_train_config(None, overrides[:-2] + ["run.run_name=second", "run.steps=1"]),
+        log=lambda _: None,
+    ).run(resume=str(checkpoint))
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [2] and rows[0]["weight_version"] == 3
+    assert again["weight_version"] == 3
+
+
+def test_train_config_errors_name_the_key():
+    from pearl.train import load_train_config
+
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        load_train_config(None, ["rollout.group_size=1"])
+    with pytest.raises(ConfigError, match="run.run_name"):
+        load_train_config(None, ["run.run_name=../x"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_train_config(None, ["trainer.lr=1"])
