@@ -42,7 +42,9 @@ class TrainRolloutSection(_Section):
     group_size: int = Field(4, ge=2, le=64, description="trajectories per task (GRPO group)")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="per turn")
     max_context_tokens: int = Field(768, ge=16, le=32768)
-    temperature: float = Field(1.0, gt=0, le=2.0)
+    temperature: float = Field(
+        0.7, gt=0, le=2.0, description="sampling temperature (the trainer's ratio uses it too)"
+    )
     kv_blocks: int = Field(
         512, ge=16, le=1_000_000, description="KV blocks of 16 tokens per worker"
     )
@@ -54,15 +56,19 @@ class TrainTrainerSection(_Section):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(2048, ge=16, le=1_000_000)
-    threads: int = Field(1, ge=1, le=64, description="torch threads of the trainer process")
+    threads: int = Field(
+        2, ge=1, le=64, description="torch threads of the trainer (it is the bottleneck here)"
+    )
 
 
 class TrainRunSection(_Section):
-    steps: int = Field(20, ge=1, le=100_000)
+    steps: int = Field(10, ge=1, le=100_000)
     max_staleness: int = Field(1, ge=0, le=8)
     seed: int = Field(0, ge=0)
-    eval_tasks: int = Field(64, ge=0, le=100_000, description="held-out tasks before and after")
-    eval_temperature: float = Field(0.0, ge=0, le=2.0, description="0: greedy")
+    eval_tasks: int = Field(32, ge=0, le=100_000, description="held-out tasks before and after")
+    eval_temperature: float | None = Field(
+        None, ge=0, le=2.0, description="held-out sampling temperature: 0 greedy, default rollout's"
+    )
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: end only)")
     run_dir: str = "runs"
     run_name: str | None = None
@@ -182,7 +188,9 @@ class TrainRun:
                     return {}
                 eval_loop = AgentLoopConfig(
                     vocab_size=self.model_config.vocab_size,
-                    temperature=cfg.run.eval_temperature,  # 0: greedy
+                    temperature=cfg.rollout.temperature
+                    if cfg.run.eval_temperature is None
+                    else cfg.run.eval_temperature,
                     seed=cfg.run.seed,
                 )
                 batch = EpisodeBatch(
@@ -298,7 +306,9 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "trajectories": len(trajectories),
         "turns": sum(len(t.turns) for t in trajectories),
         "rollout_tokens": rec.rollout_tokens,
-        "train_tokens": int(stats.get("trained_tokens", 0)),
+        "train_tokens": int(stats.get("batch_tokens", 0)),
+        "scored_tokens": int(stats.get("trained_tokens", 0)),
+        "skipped_trajectories": int(stats.get("skipped_trajectories", 0)),
         "rollout_s": rollout_s,
         "train_s": rec.train_finished - rec.train_started,
         "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,

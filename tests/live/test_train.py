@@ -94,7 +94,7 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
         await worker.ready()
         router = Router()
         router.set_topology(colocated=[worker])
-        batch = EpisodeBatch(run.episodes("train", 0, 2, 2), 12, 600)
+        batch = EpisodeBatch(run.episodes("train", 0, 2, 2), 12, 1000)
         loop = AgentLoopConfig(vocab_size=300, temperature=1.0, seed=3)
         result = await run_episode_batch(batch, router, AsyncioClock(), loop)
         worker.kill()

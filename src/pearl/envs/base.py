@@ -45,6 +45,8 @@ class Environment(Protocol):
     name: str
     system_prompt: str
     max_turns: int
+    demonstration: tuple[tuple[str, str], ...]
+    """Messages ``(role, text)`` shown before the task: a worked example of the format."""
 
     async def reset(self, seed: int) -> str:
         """Start the task ``seed``; return the first observation (the user's message)."""

@@ -50,13 +50,25 @@ class CalculatorEnv:
         self.format_reward = format_reward
         if max_turns == 1:
             self.system_prompt = (
-                "Solve the arithmetic problem. Reply with the result as <answer>NUMBER</answer>."
+                "Solve the arithmetic problem. Reply only with the result as "
+                "<answer>NUMBER</answer>, for example <answer>84</answer>."
             )
         else:
             self.system_prompt = (
-                "You solve arithmetic problems with a calculator. To use it, reply "
-                "<calc>EXPRESSION</calc>, for example <calc>12 * 7</calc>, and you will get the "
-                "result. Then reply with the final result as <answer>NUMBER</answer>."
+                "You have a calculator. To use it, reply only <calc>EXPRESSION</calc>, for "
+                "example <calc>12 * 7</calc>, and you get the result, e.g. Result: 84. Then "
+                "reply only <answer>NUMBER</answer>, for example <answer>84</answer>."
+            )
+        # A worked example shown before the task (small models follow a demonstration far
+        # better than a description of the format).
+        if max_turns == 1:
+            self.demonstration = (("user", "What is 12 + 7?"), ("assistant", "<answer>19</answer>"))
+        else:
+            self.demonstration = (
+                ("user", "What is 12 * 7?"),
+                ("assistant", "<calc>12 * 7</calc>"),
+                ("user", "Result: 84"),
+                ("assistant", "<answer>84</answer>"),
             )
         self.problem: Problem | None = None
         self.turns = 0

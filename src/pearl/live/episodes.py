@@ -23,7 +23,7 @@ class TextEpisode:
         t0 = time.perf_counter()
         first = await self.env.reset(self.seed)
         self.env_seconds.append(time.perf_counter() - t0)
-        return self.chat.prompt(self.env.system_prompt, first)
+        return self.chat.prompt(self.env.system_prompt, first, self.env.demonstration)
 
     async def respond(self, reply: list[int]) -> tuple[list[int], float, bool]:
         t0 = time.perf_counter()

@@ -141,9 +141,13 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         advantages = group_advantages([s.reward for s in samples], [s.group for s in samples])
         total = sum(sum(s.loss_mask[1:]) for s in samples)
+        # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
+        # gradient: it is not scored at all (the result is exactly the full batch's).
+        useful = [i for i, a in enumerate(advantages) if a != 0.0]
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = tokens = clipped = ratio_sum = 0.0
-        for group in self._micro_batches(samples):
+        for part in self._micro_batches([samples[i] for i in useful]):
+            group = [useful[j] for j in part]
             logprobs, old, mask = self._token_logprobs([samples[i] for i in group])
             adv = torch.tensor([advantages[i] for i in group], dtype=torch.float32)
             loss, stats = clipped_token_loss(logprobs, old, adv, mask, self.config.clip_eps, total)
@@ -152,14 +156,16 @@ class GRPOTrainer:
             tokens += stats["tokens"]
             clipped += stats["clipped"]
             ratio_sum += stats["ratio_sum"]
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-        )
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
-        self.optimizer.step()
-        self.version += 1
+        grad_norm = 0.0
+        if useful:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            )
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
+            self.optimizer.step()
+        self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
         rewards = [s.reward for s in samples]
         return {
             "loss": loss_sum,
@@ -167,6 +173,8 @@ class GRPOTrainer:
             "clip_fraction": clipped / max(1.0, tokens),
             "mean_ratio": ratio_sum / max(1.0, tokens),
             "trained_tokens": tokens,
+            "batch_tokens": float(total),
+            "skipped_trajectories": float(len(samples) - len(useful)),
             "reward_mean": float(np.mean(rewards)),
             "reward_std": float(np.std(rewards)),
             "success_rate": float(np.mean([s.success for s in samples])),

@@ -23,10 +23,15 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.end_id = end
 
-    def prompt(self, system: str, user: str) -> list[int]:
-        """System and user messages, then the assistant's header."""
+    def prompt(
+        self, system: str, user: str, demonstration: tuple[tuple[str, str], ...] = ()
+    ) -> list[int]:
+        """System message, an optional demonstration (earlier ``(role, text)`` messages that
+        show the format), the user message, then the assistant's header."""
+        shown = "".join(f"{START}{role}\n{text}{END}\n" for role, text in demonstration)
         return self.tokenizer.encode(
-            f"{START}system\n{system}{END}\n{START}user\n{user}{END}\n{START}assistant\n"
+            f"{START}system\n{system}{END}\n{shown}{START}user\n{user}{END}\n"
+            f"{START}assistant\n"
         )
 
     def next_turn(self, reply: list[int], observation: str) -> list[int]:
