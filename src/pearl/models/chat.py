@@ -30,8 +30,7 @@ class ChatFormat:
         show the format), the user message, then the assistant's header."""
         shown = "".join(f"{START}{role}\n{text}{END}\n" for role, text in demonstration)
         return self.tokenizer.encode(
-            f"{START}system\n{system}{END}\n{shown}{START}user\n{user}{END}\n"
-            f"{START}assistant\n"
+            f"{START}system\n{system}{END}\n{shown}{START}user\n{user}{END}\n{START}assistant\n"
         )
 
     def next_turn(self, reply: list[int], observation: str) -> list[int]:
