@@ -234,6 +234,7 @@ class TrainRun:
 
             run_started = time.monotonic()
             pipeline: PipelineScheduler | None = None
+            rows: list[dict[str, Any]] = []
 
             class Listener:
                 async def on_rollout_finished(self, step, result) -> None:
@@ -247,6 +248,7 @@ class TrainRun:
                         return
                     rec = pipeline.records[step]
                     row = step_row(rec, version, offset, time.monotonic() - run_started)
+                    rows.append(row)
                     folder.metric(row)
                     self.log(
                         f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  success "
@@ -270,6 +272,10 @@ class TrainRun:
             )
             records = await pipeline.run()
             train_s = time.monotonic() - run_started
+            if rows:
+                from pearl.report.plots import plot_training
+
+                plot_training(rows, folder.path)
             checkpoint = folder.path / "checkpoints" / f"v{trainer.weight_version}"
             await trainer.save(str(checkpoint))
             after = await evaluate("after")

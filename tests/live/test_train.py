@@ -137,6 +137,7 @@ def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ra
     assert rows[0]["staleness"] == 0 and rows[1]["staleness"] <= 1
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["complete"] and summary["before"]["tasks"] == 2
+    assert (folder / "reward.png").stat().st_size > 1000 and (folder / "throughput.png").is_file()
     checkpoint = folder / "checkpoints" / "v2"
     assert out["checkpoint"] == str(checkpoint) and (checkpoint / "model.safetensors").is_file()
     again = TrainRun(
@@ -160,3 +161,40 @@ def test_train_config_errors_name_the_key():
         load_train_config(None, ["run.run_name=../x"])
     with pytest.raises(ConfigError, match="unknown key"):
         load_train_config(None, ["trainer.lr=1"])
+
+
+def test_shipped_train_config_validates():
+    from pathlib import Path
+
+    from pearl.train import load_train_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_train_config(root / "configs" / "train_smollm.yaml")
+    assert cfg.model.name == "smollm2-135m" and cfg.env.name == "calculator"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["calculator", "guess"])
+def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
+    """The README's main job, shortened: the real model, both environments, via the CLI."""
+    from typer.testing import CliRunner
+
+    from pearl.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            f"env.name={env}",
+            "run.steps=2",
+            "run.eval_tasks=4",
+            "rollout.tasks_per_step=2",
+            "rollout.group_size=2",
+            f"run.run_dir={tmp_path}",
+            "run.run_name=smol",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = (tmp_path / "smol" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2
+    assert "eval (after, v2)" in result.output

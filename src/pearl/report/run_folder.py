@@ -23,9 +23,11 @@ class RunFolder:
 
     def metric(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record, sort_keys=True) + "\n")
+        self._metrics.flush()  # a row is on disk as soon as its step ends
 
     def event(self, record: dict[str, Any]) -> None:
         self._events.write(json.dumps(record, sort_keys=True) + "\n")
+        self._events.flush()
 
     def summary(self, record: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
