@@ -344,35 +344,34 @@ def calibrate_in_worker(
 # uses) on colocated workers; every iteration they run becomes a fitting sample.
 CALIBRATION_WORKLOADS = (("swe-cpu", 2, 4), ("game", 1, 8))
 CALIBRATION_SEED = 100
-CALIBRATION_REPEATS = 2  # the machine's load drifts: two passes sample it at two times
 MAX_FIT_SAMPLES = 800
 
 
-def calibrate_in_situ(
-    model, engine: dict[str, Any], vocab: int, deployment: str, grid_samples: list
-):
-    """Fit a profile from the iterations live engines ran in held-out multi-turn workloads on
-    ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
-    share the host, and prefill or decode workers run their own batch shapes), plus the
-    grid samples for shapes those runs did not visit. The live iterations set the fit's
-    level (the grid was timed on an idle worker: faster than a loaded deployment)."""
-    from pearl.sim.calibrate import Sample, fit_profile
+def held_out_samples(model, engine: dict[str, Any], vocab: int, deployment: str) -> list:
+    """The iterations live engines ran in the held-out workloads on ``deployment`` (``2C``,
+    ``1P1D``: as deployed, the driver, Ray and the other engine share the host, and prefill
+    or decode workers run their own batch shapes), as fitting samples."""
+    from pearl.sim.calibrate import Sample
 
     samples = []
-    for workload, tasks, group in CALIBRATION_WORKLOADS * CALIBRATION_REPEATS:
+    for workload, tasks, group in CALIBRATION_WORKLOADS:
         case = FidelityCase(
-            f"calibration {workload}",
-            workload,
-            tasks,
-            group,
-            deployment,
-            seed=CALIBRATION_SEED,
+            f"calibration {workload}", workload, tasks, group, deployment, seed=CALIBRATION_SEED
         )
         _, log = run_live_case(case, model, engine, vocab)
         samples += [
             Sample(tuple(tuple(c) for c in prefills), tuple(decodes), seconds)
             for prefills, decodes, seconds in log
         ]
+    return samples
+
+
+def fit_in_situ(samples: list, grid_samples: list):
+    """A profile fitted to held-out live iterations plus the grid (for shapes the runs did
+    not visit); the live iterations set the fit's level (the grid was timed on an idle
+    worker: faster than a loaded deployment)."""
+    from pearl.sim.calibrate import fit_profile
+
     stride = max(1, len(samples) // MAX_FIT_SAMPLES)
     shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
     return fit_profile(
@@ -403,8 +402,10 @@ def compare(
     With ``profile`` None the cost model is fitted here, inside worker processes:
     ``grid`` from the calibration grid timed in one worker; ``grid-load`` from the grid
     timed in n workers at once, one fit per deployment size n; ``in-situ`` (default) per
-    deployment size n from the iterations of held-out live runs on n colocated workers
-    (plus the grid). Each case is simulated with the fit for its number of workers.
+    deployment from the iterations of held-out live runs on that deployment (plus the
+    grid). The held-out runs are interleaved with the cases (after each case's live runs,
+    one pass on its deployment), so the fit samples the machine's load at the times the
+    cases ran; the fits are made once every live run is done, then each case is simulated.
     """
     from pearl.live.server import ModelSpec
     from pearl.live.worker import ensure_ray
@@ -418,51 +419,61 @@ def compare(
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
-    # One fit per deployment the cases use, keyed by its label with colocated ones as
-    # "nC": in-situ fits run the held-out workloads on that very deployment.
+    # One fit per deployment the cases use, keyed by its label with colocated ones as "nC".
     kinds = sorted({_fit_key(c.deployment) for c in cases})
     profiles: dict[str, Profile] = {}
     overhead = rpc = 0.0
+    grid_samples: list = []
     if profile is None:
         fitted, report, (overhead, rpc), grid_samples = calibrate_in_worker(model, engine)
         profiles["1C"] = fitted
         log("fit from the grid inside one worker process (wall clock):")
         log(report.table())
-        for kind in kinds if calibration != "grid" else []:
-            n = Deployment.parse(kind).num_workers
-            if calibration == "grid-load":
+        if calibration == "grid-load":
+            for kind in kinds:
+                n = Deployment.parse(kind).num_workers
                 if n == 1 or f"{n}C" in profiles:
                     continue
-                fitted, report, _, _ = calibrate_in_worker(model, engine, concurrent=n)
-                kind = f"{n}C"
-                what = f"the grid timed in {n} workers at once"
-            else:
-                fitted, report = calibrate_in_situ(model, engine, vocab, kind, grid_samples)
-                what = f"held-out live runs on {kind} plus the grid"
-            profiles[kind] = fitted
-            log(f"fit from {what} (wall clock):")
-            log(report.table())
+                profiles[f"{n}C"], report, _, _ = calibrate_in_worker(model, engine, concurrent=n)
+                log(f"fit from the grid timed in {n} workers at once (wall clock):")
+                log(report.table())
     else:
         profiles["1C"] = profile
+    in_situ = profile is None and calibration == "in-situ"
     log(
         f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker calls "
         f"(session_length, release_session): {rpc * 1e3:.2f} ms"
     )
     latency, bandwidth = measure_transfer(model, engine)
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
+
+    # Live: every case's repeats, each followed (in-situ) by a held-out pass on its deployment.
+    lives_of: list[list] = []
+    held_out: dict[str, list] = {}
+    for case in cases:
+        t0 = time.perf_counter()
+        lives_of.append([run_live_case(case, model, engine, vocab) for _ in range(live_repeats)])
+        if in_situ:
+            kind = _fit_key(case.deployment)
+            held_out.setdefault(kind, []).extend(held_out_samples(model, engine, vocab, kind))
+        log(f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)")
+    for kind, samples in sorted(held_out.items()):
+        profiles[kind], report = fit_in_situ(samples, grid_samples)
+        log(f"fit from held-out live runs on {kind} plus the grid (wall clock):")
+        log(report.table())
     costs = {}
     for kind, fitted in profiles.items():
         gpu = dataclasses.replace(
             fitted.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
         )
         costs[kind] = sim_cost(dataclasses.replace(fitted, gpu=gpu), model_config)
+
+    # Simulated: each case once, with its deployment's fit; compared with the live mean.
     results = []
-    for case in cases:
-        t0 = time.perf_counter()
+    for case, lives in zip(cases, lives_of, strict=True):
         kind = _fit_key(case.deployment)
         n = Deployment.parse(kind).num_workers
         cost = costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
-        lives = [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
         iterations = [it for _, log_ in lives for it in log_]
         check = iteration_check(cost, iterations)
         sim = run_sim_case(case, cost, engine, vocab, latency, overhead, rpc)
@@ -497,7 +508,7 @@ def compare(
             f"{case.name:32s} live {row['live_makespan_s']:7.2f}s "
             f"(x{len(lives)}, spread {100 * row['live_spread']:.0f}%)  sim {row['sim_makespan_s']:7.2f}s  "
             f"makespan err {100 * row['makespan_error']:+6.1f}%  median |turn err| "
-            f"{100 * row['median_abs_turn_error']:5.1f}%   ({time.perf_counter() - t0:.0f}s)"
+            f"{100 * row['median_abs_turn_error']:5.1f}%"
         )
         log(
             f"{'':32s} live iterations: {len(iterations)}, {check['busy_s']:.2f} s busy, "

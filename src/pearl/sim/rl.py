@@ -16,16 +16,14 @@ import time
 from dataclasses import dataclass, field
 
 from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.composition import ClusterLayout, ControlPlane, WorldLatencies
 from pearl.control.decision import DecisionConfig, WorkloadParams
-from pearl.control.elastic import ElasticScheduler, RoleDecider
-from pearl.control.interfaces import AsyncioClock, WorkerRole
-from pearl.control.pipeline import PipelineConfig, PipelineScheduler, StepRecord, WeightSync
-from pearl.control.policies import Borrowing, Policy, Pool
-from pearl.control.rebuilder import InterScaleRebuilder
-from pearl.control.router import Router
+from pearl.control.elastic import RoleDecider
+from pearl.control.interfaces import WorkerRole
+from pearl.control.pipeline import PipelineConfig, StepRecord
+from pearl.control.policies import Policy, Pool
 from pearl.control.state import TableSnapshot, WorkerSlot, WorkerStatus, WorkerTable, Zone
-from pearl.control.toggle import IntraScaleToggleManager
-from pearl.control.tracker import IterationObservation, RuntimeTracker
+from pearl.control.tracker import IterationObservation
 from pearl.sim.clock import run_virtual
 from pearl.sim.costmodel import CostModel
 from pearl.sim.network import Network
@@ -201,25 +199,6 @@ class _CheckedTrainer(SimulatedTrainer):
         return await super().train_step(batch)
 
 
-class _Factory:
-    """Starts simulated workers on a slot's GPUs after the preparation latency."""
-
-    def __init__(self, make, prepare_s: float) -> None:
-        self.make = make
-        self.prepare_s = prepare_s
-        self.started = 0
-        self.stopped = 0
-
-    async def start(self, slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
-        await asyncio.sleep(self.prepare_s)
-        self.started += 1
-        return self.make(slot, role)
-
-    async def stop(self, slot_id, worker) -> None:
-        worker.close()
-        self.stopped += 1
-
-
 class _TimeBreakdown:
     """Forwards the pipeline's hooks to the Elastic Scheduler; at each rollout batch's end
     records where the rollout workers' time went since the previous one (worker-seconds per
@@ -280,6 +259,67 @@ def prior_params(setting: RLSetting, bandwidth_Bps: float) -> WorkloadParams:
     )
 
 
+class SimWorld:
+    """The simulated world of a run: simulated workers on the cost model, a simulated
+    trainer, KV moves over the cluster's network, the cost model's latencies."""
+
+    def __init__(self, setting: RLSetting, network: Network, engine: SimEngineConfig) -> None:
+        self.setting = setting
+        self.cost = cost = setting.cost
+        self.engine = engine
+        lat = cost.worker_latencies()
+        self.latencies = WorldLatencies(
+            lat.prepare_s, lat.finalize_s, lat.activate_s, lat.deactivate_s
+        )
+        self.prior = prior_params(setting, cost.tp * cost.gpu.network_bandwidth_Bps)
+        self.network = network
+        self.gpus_of: dict[str, list[int]] = {}
+
+    def make_worker(self, wid: str, slot: WorkerSlot, role: WorkerRole, plane) -> SimulatedWorker:
+        self.gpus_of[wid] = list(slot.gpus)
+        tracker = plane.tracker
+
+        def on_iteration(worker_id, start, dt, out, iterations) -> None:
+            decodes = len(out.decodes)
+            prefill = sum(ch.num_tokens for ch in out.prefills)
+            # A fast-forwarded stretch: contexts grow by one token per step; report the mean.
+            context = sum(s.num_tokens for s in out.decodes) + decodes * (iterations - 1) // 2
+            tracker.observe_iteration(
+                IterationObservation(decodes, prefill, dt / iterations, context, iterations)
+            )
+
+        vocab = self.cost.model.vocab_size
+        if self.setting.check_invariants:
+            return _CheckedWorker(
+                wid,
+                self.cost,
+                self.engine,
+                role=role,
+                vocab_size=vocab,
+                on_iteration=on_iteration,
+                table=plane.table,
+                slot_id=slot.slot_id,
+            )
+        return SimulatedWorker(
+            wid, self.cost, self.engine, role=role, vocab_size=vocab, on_iteration=on_iteration
+        )
+
+    async def stop_worker(self, worker: SimulatedWorker) -> None:
+        worker.close()
+
+    def make_trainer(self, plane) -> SimulatedTrainer:
+        gpus = self.setting.training_gpus
+        if self.setting.check_invariants:
+            return _CheckedTrainer(self.cost, num_gpus=gpus, table=plane.table)
+        return SimulatedTrainer(self.cost, num_gpus=gpus)
+
+    def make_kv_mover(self, plane) -> SimKVMover:
+        return SimKVMover(self.network, self.cost, self.gpus_of)
+
+    def weight_sync_s(self, receivers: int) -> float:
+        return self.cost.weight_sync_time(receivers)
+
+
 def run_policy(
     setting: RLSetting,
     policy: Policy,
@@ -307,11 +347,13 @@ def run_policy(
     gpn = gpu.gpus_per_node
     training_base = math.ceil(dedicated_gpus / gpn) * gpn  # training nodes start on a node
     nodes = math.ceil((training_base + setting.training_gpus) / gpn)
-    network = Network.for_gpu(gpu, nodes)
     blocks = max(2, cost.kv_capacity_tokens() // setting.engine.block_size)
     engine = dataclasses.replace(setting.engine, num_kv_blocks=blocks)
     vocab = cost.model.vocab_size
-    lat = cost.worker_latencies()
+    layout = ClusterLayout(
+        tp, reserved_workers, preemptible_workers, setting.training_gpus, training_base
+    )
+    world = SimWorld(setting, Network.for_gpu(gpu, nodes), engine)
 
     events: list[dict] = []
     timeline: list[dict] = []
@@ -320,24 +362,16 @@ def run_policy(
 
     async def main() -> tuple[list[StepRecord], float, dict]:
         loop = asyncio.get_running_loop()
-        clock = AsyncioClock()
-        table = WorkerTable()
-        reserved = [
-            table.add_slot(range(i * tp, (i + 1) * tp), Zone.DEDICATED, WorkerRole.COLOCATED)
-            for i in range(reserved_workers)
-        ]
-        preemptible = [
-            table.add_slot(range(i * tp, (i + 1) * tp), Zone.DEDICATED, WorkerRole.COLOCATED)
-            for i in range(reserved_workers, reserved_workers + preemptible_workers)
-        ]
-        train_gpus = range(training_base, training_base + setting.training_gpus)
-        training = table.add_slot(
-            train_gpus, Zone.OVERLAP, WorkerRole.TRAINING, WorkerStatus.ACTIVE
-        )
-        overlap = [
-            table.add_slot(train_gpus[k : k + tp], Zone.OVERLAP, WorkerRole.COLOCATED)
-            for k in range(0, setting.training_gpus, tp)
-        ]
+        t0 = loop.time()  # reset once the initial workers are up
+
+        def log(event: dict) -> None:
+            t = round(max(0.0, event.get("t", loop.time()) - t0), 6)
+            events.append({**event, "t": t})
+            if event["kind"] == "availability" and t > 0:  # the budget behind each step
+                rollout_gpus.append((t, reserved_workers * tp + event["budget_gpus"]))
+
+        plane = ControlPlane(world, policy, layout, setting.decision, log, decider)
+        table = plane.table
 
         # Active rollout worker-seconds, integrated over the table's changes: what the
         # workers' time breakdown (prefill, decode, idle, ...) is a breakdown of.
@@ -367,109 +401,16 @@ def run_policy(
                 timeline.append(entry)
 
         table.listeners.append(record)
-
-        tracker = RuntimeTracker(prior_params(setting, tp * gpu.network_bandwidth_Bps))
-
-        def on_iteration(worker_id, start, dt, out, iterations) -> None:
-            decodes = len(out.decodes)
-            prefill = sum(ch.num_tokens for ch in out.prefills)
-            # A fast-forwarded stretch: contexts grow by one token per step; report the mean.
-            context = sum(s.num_tokens for s in out.decodes) + decodes * (iterations - 1) // 2
-            tracker.observe_iteration(
-                IterationObservation(decodes, prefill, dt / iterations, context, iterations)
-            )
-
-        gpus_of: dict[str, list[int]] = {}
-        made: list[SimulatedWorker] = []  # every worker started, for the time breakdown
-
-        def make(slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
-            wid = f"{'o' if slot.zone is Zone.OVERLAP else 'w'}{slot.slot_id}"
-            gpus_of[wid] = list(slot.gpus)
-            worker = _make(wid, slot, role)
-            made.append(worker)
-            return worker
-
-        def _make(wid: str, slot: WorkerSlot, role: WorkerRole) -> SimulatedWorker:
-            if setting.check_invariants:
-                return _CheckedWorker(
-                    wid,
-                    cost,
-                    engine,
-                    role=role,
-                    vocab_size=vocab,
-                    on_iteration=on_iteration,
-                    table=table,
-                    slot_id=slot.slot_id,
-                )
-            return SimulatedWorker(
-                wid, cost, engine, role=role, vocab_size=vocab, on_iteration=on_iteration
-            )
-
-        router = Router(SimKVMover(network, cost, gpus_of))
-        trainer = (
-            _CheckedTrainer(cost, num_gpus=setting.training_gpus, table=table)
-            if setting.check_invariants
-            else SimulatedTrainer(cost, num_gpus=setting.training_gpus)
-        )
-        factory = _Factory(make, prepare_s=0.0)  # the initial workers are up at t = 0
-        rebuilder = InterScaleRebuilder(
-            table,
-            router,
-            factory,
-            lambda: trainer.weight_version,
-            cost.weight_sync_time,
-            finalize_s=0.0,
-        )
-        toggle = None
-        if policy.borrowing is not Borrowing.OFF:
-            snap = table.snapshot()
-            retained = {s: make(snap.slot(s), WorkerRole.COLOCATED) for s in overlap}
-            toggle = IntraScaleToggleManager(
-                rebuilder, trainer, [training], retained, lat.activate_s, lat.deactivate_s
-            )
-        t0 = loop.time()  # reset once the initial workers are up
-
-        def log(event: dict) -> None:
-            t = round(max(0.0, event.get("t", loop.time()) - t0), 6)
-            events.append({**event, "t": t})
-            if event["kind"] == "availability" and t > 0:  # the budget behind each step
-                rollout_gpus.append((t, reserved_workers * tp + event["budget_gpus"]))
-
-        if decider is None:
-            role_decider = RoleDecider(policy, tracker, setting.decision, log)
-        else:
-            role_decider = decider
-            role_decider.tracker, role_decider.log = tracker, log
-        pipeline_box: list[PipelineScheduler] = []
-        elastic = ElasticScheduler(
-            rebuilder,
-            reserved,
-            preemptible,
-            tp,
-            clock,
-            decider=role_decider,
-            toggle=toggle,
-            tracker=tracker,
-            progress=lambda: pipeline_box[0].borrow_window(),
-            log=log,
-        )
-        follows_trace = trace is not None and bool(preemptible)
+        follows_trace = trace is not None and bool(plane.preemptible)
         changes = list(trace.changes()) if follows_trace else []
         initial = trace.value_at(trace.start_s) if follows_trace else 0  # a constant trace too
-        await elastic.start(initial)
-        await elastic.settle()
+        await plane.start(initial)
         t0 = loop.time()
-        factory.prepare_s, rebuilder.finalize_s = lat.prepare_s, lat.finalize_s
-
-        rollout_gpus.append((0.0, reserved_workers * tp + elastic.budget_gpus))
+        rollout_gpus.append((0.0, reserved_workers * tp + plane.elastic.budget_gpus))
 
         profile = setting.profile
-        pipeline = PipelineScheduler(
+        plane.make_pipeline(
             lambda i: generate_batch(profile, seed=setting.seed * 100_003 + i),
-            router,
-            trainer,
-            WeightSync(lambda: list(rebuilder.workers.values()), cost.weight_sync_time),
-            clock,
             AgentLoopConfig(vocab_size=vocab),
             PipelineConfig(
                 num_steps=1_000_000,
@@ -477,41 +418,20 @@ def run_policy(
                 overlap_batches=setting.overlap_batches,
                 deadline_s=setting.duration_s,
             ),
-            listener=_TimeBreakdown(elastic, made, integrate, active, time_rows),
+            listener=_TimeBreakdown(plane.elastic, plane.made, integrate, active, time_rows),
         )
-        pipeline.on_trajectory = tracker.observe_result
-        pipeline_box.append(pipeline)
         trace_changes = [(t - trace.start_s, v) for t, v in changes if t > trace.start_s]
-        replay = asyncio.ensure_future(elastic.replay(trace_changes))
-        records = await pipeline.run()
-        replay.cancel()
-        try:
-            await replay
-        except asyncio.CancelledError:
-            pass
-        await elastic.settle()
-        if toggle is not None and toggle.borrowed:
-            await toggle.give_back()
-        table.check()
+        records = await plane.run(trace_changes)
         counters = {
             "reconfigurations": sum(1 for e in events if e["kind"] in ("reassign", "shrink")),
             "role_switches": sum(len(e["roles"]) for e in events if e["kind"] == "reassign"),
-            "expansions_cancelled": rebuilder.expansions_cancelled,
-            "workers_started": factory.started,
-            "borrow_rounds": toggle.rounds if toggle else 0,
-            "borrow_skipped_by_gate": toggle.skipped_by_gate if toggle else 0,
-            "turns_resumed": router.turns_resumed,
-            "kv_transfer_retries": router.transfer_retries,
-            "sessions_moved": router.sessions_moved,
-            "trainer_busy_s": trainer.busy_s,
+            **plane.counters(),
+            "trainer_busy_s": plane.trainer.busy_s,
         }
-        by_worker = {
-            w.worker_id: {str(k): v for k, v in w.counters.time_s.items() if v} for w in made
+        counters["time_by_worker_s"] = {
+            w.worker_id: {str(k): v for k, v in w.counters.time_s.items() if v} for w in plane.made
         }
-        counters["time_by_worker_s"] = by_worker
-        for w in list(rebuilder.workers.values()) + (
-            list(toggle.overlap.values()) if toggle else []
-        ):
+        for w in plane.all_workers():
             w.close()
         return records, t0, counters
 
