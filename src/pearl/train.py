@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from pearl.config import _Section, dump_config, load_config
+from pearl.errors import ConfigError
 
 
 class TrainModelSection(_Section):
@@ -83,8 +84,42 @@ class TrainRunSection(_Section):
         return value
 
 
+class TrainClusterSection(_Section):
+    policy: str = Field(
+        "roll",
+        description="rollout policy (pearl.control.policies): roll, rlboost, static-pd, "
+        "pearl-pd, pearl-ungated, pearl, ...",
+    )
+    preemptible_workers: int = Field(
+        0, ge=0, le=16, description="elastic policies: at most this many extra rollout workers"
+    )
+    availability: list[tuple[float, int]] = Field(
+        default_factory=list,
+        description="elastic policies: (seconds from the start, preemptible workers) changes",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from pearl.control.policies import get_policy
+
+        get_policy(value)  # raises with the valid names
+        return value
+
+    @field_validator("availability")
+    @classmethod
+    def _sane_changes(cls, value: list[tuple[float, int]]) -> list[tuple[float, int]]:
+        for t, n in value:
+            if not (t >= 0 and math.isfinite(t)) or n < 0:
+                raise ValueError(
+                    f"availability changes need times >= 0 and counts >= 0, got {(t, n)}"
+                )
+        return value
+
+
 class TrainConfig(_Section):
     model: TrainModelSection = Field(default_factory=TrainModelSection)
+    cluster: TrainClusterSection = Field(default_factory=TrainClusterSection)
     env: TrainEnvSection = Field(default_factory=TrainEnvSection)
     rollout: TrainRolloutSection = Field(default_factory=TrainRolloutSection)
     trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
@@ -132,21 +167,32 @@ class TrainRun:
         import ray
 
         from pearl.control.agent_loop import AgentLoopConfig
+        from pearl.control.composition import ClusterLayout, ControlPlane
         from pearl.control.episode import EpisodeBatch, run_episode_batch
-        from pearl.control.interfaces import AsyncioClock
-        from pearl.control.pipeline import PipelineConfig, PipelineScheduler, WeightSync
-        from pearl.control.router import Router
+        from pearl.control.pipeline import PipelineConfig
+        from pearl.control.policies import Pool, get_policy
         from pearl.live.server import ModelSpec
         from pearl.live.trainer import LiveTrainer, TrainerConfig
-        from pearl.live.worker import LiveKVMover, LiveWorker, ensure_ray
+        from pearl.live.worker import ensure_ray
+        from pearl.live.world import IterationFeed, LiveWorld, cpu_prior
         from pearl.report.run_folder import RunFolder
 
         cfg = self.cfg
+        policy = get_policy(cfg.cluster.policy)
+        elastic = policy.pool is Pool.ELASTIC
+        preemptible = cfg.cluster.preemptible_workers if elastic else 0
+        borrows = policy.borrowing.value != "off"
+        actors = cfg.rollout.workers + preemptible + 1 + (1 if borrows else 0)
+        ensure_ray(actors)
+        if ray.cluster_resources().get("CPU", 0) < actors:
+            raise ConfigError(
+                f"this run needs {actors} Ray CPU slots (rollout workers, trainer, borrowed "
+                f"slot); the running Ray instance has {ray.cluster_resources().get('CPU', 0)}"
+            )
         name = cfg.run.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         folder = RunFolder(cfg.run.run_dir, name)
         folder.write_config(dump_config(cfg))
         self.log(f"run folder: {folder.path}")
-        ensure_ray(cfg.rollout.workers + 1)
         spec = ModelSpec(folder=str(self.folder))
         trainer = LiveTrainer(
             spec,
@@ -165,18 +211,34 @@ class TrainRun:
             max_num_seqs=cfg.rollout.max_num_seqs,
             max_model_len=cfg.rollout.max_context_tokens,
         )
-        workers = [LiveWorker(f"w{i}", spec, engine) for i in range(cfg.rollout.workers)]
+        batch_size = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+        world = LiveWorld(
+            spec,
+            engine,
+            trainer,
+            cpu_prior(self.model_config.to_hf_dict(), batch_size, cfg.rollout.max_context_tokens),
+        )
+        started = time.monotonic()
+
+        def log_event(event: dict) -> None:
+            folder.event({**event, "t": round(time.monotonic() - started, 3)})
+
+        # One TP-1 "GPU" per process: rollout workers first, then the trainer's slot.
+        layout = ClusterLayout(
+            1, cfg.rollout.workers, preemptible, 1, cfg.rollout.workers + preemptible
+        )
+        plane = ControlPlane(world, policy, layout, log=log_event)
         try:
-            await asyncio.gather(trainer.start(resume), *(w.ready() for w in workers))
-            for w in workers:
-                w.weights_source = lambda: trainer.weights_ref
+            await trainer.start(resume)
             first_step = trainer.weight_version
+            initial = _workers_at(cfg.cluster.availability, 0.0) if elastic else 0
+            await plane.start(min(initial, preemptible))
+            await asyncio.gather(*(w.ready() for w in world.workers.values()))
             if first_step:
-                await asyncio.gather(*(w.sync_weights(first_step) for w in workers))
+                await asyncio.gather(*(w.sync_weights(first_step) for w in plane.active_workers()))
                 self.log(f"resumed from {resume} at weights v{first_step}")
-            router = Router(LiveKVMover())
-            router.set_topology(colocated=workers)
-            clock = AsyncioClock()
+            await world.start_logging()
+            router, clock = plane.router, plane.clock
             loop = AgentLoopConfig(
                 vocab_size=self.model_config.vocab_size,
                 temperature=cfg.rollout.temperature,
@@ -211,7 +273,7 @@ class TrainRun:
                     "mean_reward": statistics.fmean(t.reward for t in result.trajectories),
                     "seconds": time.monotonic() - t0,
                 }
-                folder.event({"event": "eval", **row})
+                folder.event({"kind": "eval", **row})
                 self.log(
                     f"eval ({tag}, v{row['weight_version']}): success {row['successes']}/"
                     f"{row['tasks']} = {100 * row['success_rate']:.1f}% "
@@ -233,44 +295,33 @@ class TrainRun:
                 )
 
             run_started = time.monotonic()
-            pipeline: PipelineScheduler | None = None
             rows: list[dict[str, Any]] = []
 
-            class Listener:
-                async def on_rollout_finished(self, step, result) -> None:
-                    pass
+            async def on_step(step: int, version: int) -> None:
+                rec = plane.pipeline.records[step]
+                row = step_row(rec, version, offset, time.monotonic() - run_started)
+                row["roles"] = _roles(plane)
+                row["borrowed"] = bool(plane.toggle and plane.toggle.borrowed)
+                rows.append(row)
+                folder.metric(row)
+                self.log(
+                    f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  success "
+                    f"{100 * row['success_rate']:5.1f}%  rollout {row['rollout_s']:5.1f}s  "
+                    f"train {row['train_s']:5.1f}s  gen {row['rollout_tokens_per_s']:6.1f} tok/s  "
+                    f"staleness {row['staleness']}  v{version}  roles {row['roles']}"
+                )
+                every = cfg.run.checkpoint_every
+                if every and (step + 1) % every == 0:
+                    await trainer.save(str(folder.path / "checkpoints" / f"v{version}"))
 
-                async def on_training_begin(self, step) -> None:
-                    pass
-
-                async def on_training_finished(inner, step, version) -> None:  # noqa: N805
-                    if step < 0:
-                        return
-                    rec = pipeline.records[step]
-                    row = step_row(rec, version, offset, time.monotonic() - run_started)
-                    rows.append(row)
-                    folder.metric(row)
-                    self.log(
-                        f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  success "
-                        f"{100 * row['success_rate']:5.1f}%  rollout {row['rollout_s']:5.1f}s  "
-                        f"train {row['train_s']:5.1f}s  gen {row['rollout_tokens_per_s']:6.1f} tok/s  "
-                        f"staleness {row['staleness']}  v{version}"
-                    )
-                    every = cfg.run.checkpoint_every
-                    if every and (step + 1) % every == 0:
-                        await trainer.save(str(folder.path / "checkpoints" / f"v{version}"))
-
-            pipeline = PipelineScheduler(
+            plane.make_pipeline(
                 batch_of,
-                router,
-                trainer,
-                WeightSync(lambda: workers, lambda n: 0.0),
-                clock,
                 loop,
                 PipelineConfig(cfg.run.steps, max_staleness=cfg.run.max_staleness),
-                Listener(),
+                IterationFeed(world, plane, on_step),
             )
-            records = await pipeline.run()
+            changes = [(t, min(n, preemptible)) for t, n in cfg.cluster.availability if t > 0]
+            records = await plane.run(changes if elastic else ())
             train_s = time.monotonic() - run_started
             if rows:
                 from pearl.report.plots import plot_training
@@ -287,15 +338,36 @@ class TrainRun:
                 "after": after,
                 "checkpoint": str(checkpoint),
                 "weight_version": trainer.weight_version,
+                "policy": policy.name,
+                "counters": plane.counters(),
             }
             folder.summary(summary)
             self.log(f"checkpoint: {checkpoint}")
             return {"run_dir": str(folder.path), **summary}
         finally:
             folder.close()
-            for w in workers:
-                w.kill()
+            world.kill_all()
             ray.kill(trainer.actor)
+
+
+def _workers_at(changes: list[tuple[float, int]], t: float) -> int:
+    """Preemptible workers available at ``t`` seconds under a list of (time, count) changes."""
+    count = 0
+    for at, n in sorted(changes):
+        if at <= t:
+            count = n
+    return count
+
+
+def _roles(plane) -> str:
+    """The active rollout roles, e.g. ``2 colocated`` or ``1 prefill + 1 decode``."""
+    from collections import Counter
+
+    snap = plane.table.snapshot()
+    counts = Counter(
+        str(s.role) for s in snap.slots if s.status.value == "active" and not s.is_training
+    )
+    return " + ".join(f"{n} {role}" for role, n in sorted(counts.items())) or "none"
 
 
 def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
@@ -323,7 +395,6 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "loss": stats.get("loss", math.nan),
         "grad_norm": stats.get("grad_norm", math.nan),
         "clip_fraction": stats.get("clip_fraction", math.nan),
-        "roles": "colocated",
     }
 
 

@@ -70,7 +70,7 @@ def ray_runtime():
     ray = pytest.importorskip("ray")
     from pearl.live.worker import ensure_ray
 
-    ensure_ray(num_cpus=2)
+    ensure_ray(num_cpus=4)  # logical slots: up to 4 actors (workers, trainer, borrowed slot)
     yield ray
     ray.shutdown()
 
@@ -152,6 +152,37 @@ def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ra
     assert again["weight_version"] == 3
 
 
+def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
+    chat_model, tmp_path, ray_runtime
+):
+    """The control plane's composition over live actors: an elastic pool starts with a
+    preemptible worker and loses it mid-run (urgent shrink: cut turns resume elsewhere), and
+    the trainer's slot is borrowed between updates (PEARL, ungated)."""
+    from pearl.train import TrainRun, load_train_config
+
+    overrides = [
+        f"model.name={chat_model}",
+        "cluster.policy=pearl-ungated",
+        "cluster.preemptible_workers=1",
+        "cluster.availability=[[0, 1], [0.3, 0]]",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=3",
+        "run.eval_tasks=0",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=elastic",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    counters = out["counters"]
+    assert out["steps"] == 3 and out["weight_version"] == 3
+    assert counters["borrow_rounds"] >= 1  # the overlap worker served between updates
+    assert counters["workers_started"] == 2  # the reserved and the preemptible worker
+    events = [json.loads(line) for line in (tmp_path / "elastic" / "events.jsonl").read_text().splitlines()]
+    kinds = {e.get("kind") for e in events}
+    assert {"start", "shrink", "borrow", "give_back"} <= kinds
+
+
 def test_train_config_errors_name_the_key():
     from pearl.train import load_train_config
 
@@ -161,6 +192,8 @@ def test_train_config_errors_name_the_key():
         load_train_config(None, ["run.run_name=../x"])
     with pytest.raises(ConfigError, match="unknown key"):
         load_train_config(None, ["trainer.lr=1"])
+    with pytest.raises(ConfigError, match="cluster.policy.*roll"):
+        load_train_config(None, ["cluster.policy=fastest"])
 
 
 def test_shipped_train_config_validates():

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
+from pearl.errors import EngineStateError
 from pearl.live.server import EngineServer, ModelSpec
 
 _ACTOR_CLASS = None
@@ -54,34 +55,57 @@ class LiveWorker:
     def role(self) -> WorkerRole:
         return self._role
 
+    async def _call(self, method: str, *args):
+        """Call the actor; a stopped (killed, crashed) actor raises ``EngineStateError``, as
+        a stopped simulated worker does, so the control plane treats both alike."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return await getattr(self.actor, method).remote(*args)
+        except RayActorError as exc:
+            raise EngineStateError(
+                f"worker {self.worker_id} is stopped ({type(exc).__name__})"
+            ) from None
+
     async def ready(self) -> None:
-        await self.actor.ping.remote()
+        await self._call("ping")
+
+    async def _run_turn(self, turn: TurnRequest) -> TurnOutput:
+        """A turn; if the actor is stopped before it answers (a shrink stopped it while the
+        call was in flight, ahead of the abort), the turn comes back aborted with nothing
+        generated, and the router resumes it on the current topology."""
+        try:
+            return await self._call("run_turn", turn)
+        except EngineStateError:
+            return TurnOutput(
+                turn.request_id, turn.session_id, [], [], "abort", self.requested_version
+            )
 
     async def generate(self, turn: TurnRequest) -> TurnOutput:
-        return await self.actor.run_turn.remote(turn)
+        return await self._run_turn(turn)
 
     async def prefill(self, turn: TurnRequest) -> TurnOutput:
-        return await self.actor.run_turn.remote(turn)
+        return await self._run_turn(turn)
 
     async def decode(self, turn: TurnRequest) -> TurnOutput:
-        return await self.actor.run_turn.remote(turn)
+        return await self._run_turn(turn)
 
     async def session_length(self, session_id: str) -> int:
-        return await self.actor.session_length.remote(session_id)
+        return await self._call("session_length", session_id)
 
     async def match_session(self, session_id: str, token_ids: list[int]) -> int:
-        return await self.actor.match_session.remote(session_id, token_ids)
+        return await self._call("match_session", session_id, token_ids)
 
     async def release_session(self, session_id: str) -> None:
-        await self.actor.release_session.remote(session_id)
+        await self._call("release_session", session_id)
 
     async def set_role(self, role: WorkerRole) -> list[TurnOutput]:
-        outs = await self.actor.set_role.remote(role.value)
+        outs = await self._call("set_role", role.value)
         self._role = role
         return outs
 
     async def abort_all(self) -> list[TurnOutput]:
-        return await self.actor.abort_all.remote()
+        return await self._call("abort_all")
 
     async def sync_weights(self, version: int, seconds: float = 0.0) -> None:
         """Fetch the trainer's weights ``version`` from the object store (the actor reads
@@ -89,14 +113,14 @@ class LiveWorker:
         if self.weights_source is None:
             raise RuntimeError(f"worker {self.worker_id} has no weights source to sync from")
         self.requested_version = version
-        installed = await self.actor.load_weights.remote(self.weights_source())
+        installed = await self._call("load_weights", self.weights_source())
         if installed != version:
             raise RuntimeError(
                 f"worker {self.worker_id}: asked for weights v{version}, the store holds v{installed}"
             )
 
     async def stats(self) -> dict[str, Any]:
-        return await self.actor.stats.remote()
+        return await self._call("stats")
 
     def kill(self) -> None:
         import ray

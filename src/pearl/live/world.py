@@ -1,0 +1,141 @@
+"""The live world under the composition root: engine actors and a GRPO trainer actor (Ray).
+
+``LiveWorld`` is what ``pearl.control.composition.ControlPlane`` needs from live runs:
+rollout workers are ``LiveWorker`` actors on a slot's devices (on this machine: one
+process, one torch thread each), the trainer is the ``LiveTrainer`` actor, KV moves go
+through Ray's object store, and new workers load the trainer's newest weights from it
+before admission. ``IterationFeed`` forwards the pipeline's hooks to the Elastic Scheduler
+after feeding the runtime tracker the iterations the engines ran, so the decision model
+is refitted from live measurements as in the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pearl.control.composition import WorldLatencies
+from pearl.control.decision import WorkloadParams
+from pearl.control.interfaces import WorkerRole
+from pearl.control.state import WorkerSlot
+from pearl.control.tracker import IterationObservation
+from pearl.live.server import ModelSpec
+from pearl.live.trainer import LiveTrainer
+from pearl.live.worker import LiveKVMover, LiveWorker
+
+
+def cpu_prior(
+    model_config: dict[str, Any], batch_trajectories: int, max_context: int
+) -> WorkloadParams:
+    """What a live CPU deployment assumes before measuring (refitted after the first batch):
+    decode iterations of ~10 ms plus ~1 ms per sequence, prefill ~1 ms per token per 100M
+    parameters' worth of work scaled by the model's layers and width, KV bytes from the
+    model's shape (fp32), the object store's ~150 MB/s between actors."""
+    layers = model_config["num_hidden_layers"]
+    kv_heads = model_config.get("num_key_value_heads", model_config["num_attention_heads"])
+    head_dim = (
+        model_config.get("head_dim")
+        or model_config["hidden_size"] // model_config["num_attention_heads"]
+    )
+    kv_per_token = 2 * layers * kv_heads * head_dim * 4
+    width = model_config["hidden_size"] * layers / (576 * 30)  # SmolLM2-135M = 1
+    return WorkloadParams(
+        turns=1,
+        decode_tokens_per_turn=1,
+        appended_tokens_per_turn=1,
+        bubble_ratio=0,
+        decode_step_fixed_s=0.01 * width,
+        decode_step_per_sequence_s=0.001 * width,
+        prefill_s_per_token=0.001 * width,
+        switch_overhead_s=0,
+        env_time_s=0,
+        kv_bytes_per_token=kv_per_token,
+        pd_bandwidth_bytes_per_s=150e6,
+        kv_bytes_per_trajectory=kv_per_token * max_context,
+        kv_capacity_bytes_per_worker=float("inf"),
+        batch_trajectories=batch_trajectories,
+    )
+
+
+class LiveWorld:
+    def __init__(
+        self,
+        model: ModelSpec,
+        engine: dict[str, Any],
+        trainer: LiveTrainer,
+        prior: WorkloadParams,
+        latencies: WorldLatencies | None = None,
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.trainer = trainer
+        self.prior = prior
+        self.latencies = latencies or WorldLatencies()
+        self.workers: dict[str, LiveWorker] = {}
+
+    def make_worker(self, worker_id: str, slot: WorkerSlot, role: WorkerRole, plane) -> LiveWorker:
+        worker = LiveWorker(worker_id, self.model, self.engine, role)
+        worker.weights_source = lambda: self.trainer.weights_ref
+        self.workers[worker_id] = worker
+        return worker
+
+    async def stop_worker(self, worker: LiveWorker) -> None:
+        worker.kill()
+
+    def make_trainer(self, plane) -> LiveTrainer:
+        return self.trainer
+
+    def make_kv_mover(self, plane) -> LiveKVMover:
+        return LiveKVMover()
+
+    def weight_sync_s(self, receivers: int) -> float:
+        return 0.0  # live: a sync takes what it takes
+
+    async def start_logging(self) -> None:
+        await asyncio.gather(*(w.actor.log_iterations.remote(True) for w in self.workers.values()))
+
+    async def drain_iterations(self) -> list[IterationObservation]:
+        """Every iteration the live workers ran since the last call, as tracker samples."""
+        logs = await asyncio.gather(
+            *(w.actor.log_iterations.remote(True) for w in self.workers.values()),
+            return_exceptions=True,
+        )
+        out = []
+        for log in logs:
+            if isinstance(log, BaseException):
+                continue  # a stopped worker reports nothing
+            for prefills, decodes, seconds in log:
+                out.append(
+                    IterationObservation(
+                        len(decodes), sum(t for t, _ in prefills), seconds, sum(decodes)
+                    )
+                )
+        return out
+
+    def kill_all(self) -> None:
+        for w in self.workers.values():
+            try:
+                w.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+class IterationFeed:
+    """Pipeline listener: the tracker sees the live iterations of a batch before the Elastic
+    Scheduler refits on it; everything else is forwarded."""
+
+    def __init__(self, world: LiveWorld, plane, on_step=None) -> None:
+        self.world, self.plane, self.on_step = world, plane, on_step
+
+    async def on_rollout_finished(self, step: int, result) -> None:
+        for obs in await self.world.drain_iterations():
+            self.plane.tracker.observe_iteration(obs)
+        await self.plane.elastic.on_rollout_finished(step, result)
+
+    async def on_training_begin(self, step: int) -> None:
+        await self.plane.elastic.on_training_begin(step)
+
+    async def on_training_finished(self, step: int, weight_version: int) -> None:
+        await self.plane.elastic.on_training_finished(step, weight_version)
+        if self.on_step is not None and step >= 0:
+            await self.on_step(step, weight_version)
