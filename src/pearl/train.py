@@ -71,6 +71,12 @@ class TrainRunSection(_Section):
         None, ge=0, le=2.0, description="held-out sampling temperature: 0 greedy, default rollout's"
     )
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: end only)")
+    chaos_kill_every_s: float = Field(
+        0.0,
+        ge=0,
+        description="fault injection: kill a random dedicated rollout worker's process "
+        "(ray.kill) this often, to exercise recovery (0: never)",
+    )
     run_dir: str = "runs"
     run_name: str | None = None
 
@@ -321,7 +327,16 @@ class TrainRun:
                 IterationFeed(world, plane, on_step),
             )
             changes = [(t, min(n, preemptible)) for t, n in cfg.cluster.availability if t > 0]
-            records = await plane.run(changes if elastic else ())
+            chaos = None
+            if cfg.run.chaos_kill_every_s > 0:
+                chaos = asyncio.ensure_future(
+                    _chaos(plane, cfg.run.chaos_kill_every_s, cfg.run.seed, log_event)
+                )
+            try:
+                records = await plane.run(changes if elastic else ())
+            finally:
+                if chaos is not None:
+                    chaos.cancel()
             train_s = time.monotonic() - run_started
             if rows:
                 from pearl.report.plots import plot_training
@@ -348,6 +363,33 @@ class TrainRun:
             folder.close()
             world.kill_all()
             ray.kill(trainer.actor)
+
+
+async def _chaos(plane, every_s: float, seed: int, log) -> None:
+    """Kill a random active dedicated rollout worker's actor every ``every_s`` seconds, as a
+    crash would (the control plane is not told: it must notice)."""
+    import random
+
+    import ray
+
+    from pearl.control.state import Zone
+
+    rng = random.Random(seed)
+    killed: set[int] = set()  # handles already killed (their death may not be noticed yet)
+    while True:
+        await asyncio.sleep(every_s)
+        snap = plane.table.snapshot()
+        alive = [
+            s
+            for s, w in plane.rebuilder.workers.items()
+            if snap.slot(s).zone is Zone.DEDICATED and id(w) not in killed
+        ]
+        if alive:
+            slot = rng.choice(sorted(alive))
+            worker = plane.rebuilder.workers[slot]
+            killed.add(id(worker))
+            log({"kind": "chaos_kill", "slot": slot, "worker": worker.worker_id})
+            ray.kill(worker.actor)
 
 
 def _workers_at(changes: list[tuple[float, int]], t: float) -> int:

@@ -178,9 +178,54 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
     assert out["steps"] == 3 and out["weight_version"] == 3
     assert counters["borrow_rounds"] >= 1  # the overlap worker served between updates
     assert counters["workers_started"] == 2  # the reserved and the preemptible worker
-    events = [json.loads(line) for line in (tmp_path / "elastic" / "events.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line)
+        for line in (tmp_path / "elastic" / "events.jsonl").read_text().splitlines()
+    ]
     kinds = {e.get("kind") for e in events}
     assert {"start", "shrink", "borrow", "give_back"} <= kinds
+
+
+def run_with_kills(chat_model, tmp_path, steps: int, every_s: float):
+    from pearl.train import TrainRun, load_train_config
+
+    overrides = [
+        f"model.name={chat_model}",
+        "rollout.workers=2",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context_tokens=1024",
+        f"run.steps={steps}",
+        "run.eval_tasks=0",
+        f"run.chaos_kill_every_s={every_s}",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=chaos",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    folder = tmp_path / "chaos"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    kills = sum(e.get("kind") == "chaos_kill" for e in events)
+    # Every trajectory of every batch finished exactly once, with all of its turns (the
+    # random model never answers: each episode runs its 3 turns).
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert all(r["trajectories"] == 4 and r["turns"] == 12 for r in rows)
+    assert out["counters"]["worker_failures"] == sum(e.get("kind") == "failure" for e in events)
+    return kills, out["counters"]["worker_failures"]
+
+
+def test_killed_rollout_workers_are_replaced_and_no_trajectory_is_lost(
+    chat_model, tmp_path, ray_runtime
+):
+    kills, failures = run_with_kills(chat_model, tmp_path, steps=30, every_s=2.5)
+    assert kills >= 1 and kills - 1 <= failures <= kills  # the last kill may land after the end
+
+
+@pytest.mark.slow
+def test_twenty_worker_kills_lose_or_duplicate_no_trajectory(chat_model, tmp_path, ray_runtime):
+    kills, failures = run_with_kills(chat_model, tmp_path, steps=300, every_s=2.5)
+    assert kills >= 20 and kills - 1 <= failures <= kills
 
 
 def test_train_config_errors_name_the_key():

@@ -198,6 +198,12 @@ class ControlPlane:
         self.made.append(worker)
         return worker
 
+    def worker_failed(self, slot_id) -> asyncio.Future:
+        """A world reports that the worker of ``slot_id`` died; the Elastic Scheduler takes
+        it out and restarts the slot. Returns the handling's future (await it before
+        resuming that worker's turns, so they land on the new topology)."""
+        return asyncio.ensure_future(self.elastic.on_worker_failed(slot_id))
+
     def active_workers(self) -> list[RolloutWorker]:
         return list(self.rebuilder.workers.values())
 
@@ -261,6 +267,7 @@ class ControlPlane:
             "turns_resumed": router.turns_resumed,
             "kv_transfer_retries": router.transfer_retries,
             "sessions_moved": router.sessions_moved,
+            "worker_failures": self.elastic.failures,
         }
 
     def all_workers(self) -> list[RolloutWorker]:

@@ -121,6 +121,7 @@ class ElasticScheduler:
         self._log = log or (lambda event: None)
         self.events: list[ElasticEvent] = []
         self.budget_gpus = 0
+        self.failures = 0  # worker processes that died and were replaced
         # Background expansions in flight, each a group admitted (or cancelled) as a whole.
         self._expansions: dict[asyncio.Task[bool], frozenset[SlotId]] = {}
         self._lock = asyncio.Lock()  # one reconfiguration at a time (the table serializes too)
@@ -217,6 +218,25 @@ class ElasticScheduler:
         if not ok:
             self.log({"kind": "expansion_failed", "workers": sorted(roles)})
         return ok
+
+    async def on_worker_failed(self, slot_id: SlotId) -> None:
+        """A dedicated worker's process died: take it out now (as an urgent shrink: its cut
+        turns resume on the survivors) and, if its slot is still in the budget, start a
+        fresh worker on the same devices in the background (admitted as any expansion)."""
+        async with self._lock:
+            if slot_id not in self.rebuilder.workers:
+                return  # already out (stopped by a shrink, or reported twice)
+            self.failures += 1
+            survivors = set(self.rebuilder.workers) - {slot_id}
+            roles = self._roles_for(survivors)
+            self.log({"kind": "failure", "slot": slot_id, "roles": _labels(roles)})
+            await self.rebuilder.shrink([slot_id], roles)
+            budget = self.budget_gpus // self.gpus_per_worker
+            if slot_id in set(self.reserved) | set(self.preemptible[:budget]):
+                guess = self._roles_for(set(self.rebuilder.workers) | {slot_id})
+                self.log({"kind": "restart", "slot": slot_id, "role": str(guess[slot_id])})
+                task = asyncio.ensure_future(self._expand({slot_id: guess[slot_id]}))
+                self._expansions[task] = frozenset({slot_id})
 
     async def replay(self, changes: list[tuple[float, int]], until: float | None = None) -> None:
         """Feed ``(time, preemptible GPUs)`` changes at their times (relative to now)."""

@@ -19,6 +19,7 @@ from typing import Protocol
 from pearl.control.interfaces import RolloutWorker, TurnOutput, WorkerRole
 from pearl.control.router import Router
 from pearl.control.state import SlotId, WorkerSlot, WorkerStatus, WorkerTable
+from pearl.errors import EngineStateError
 
 
 class WorkerFactory(Protocol):
@@ -82,7 +83,7 @@ class InterScaleRebuilder:
         self.table.set_statuses({s: WorkerStatus.INACTIVE for s in leaving})
         self.route_or_hold()  # first stop routing, so resumed turns land elsewhere
         handles = [self.workers.pop(s) for s in leaving]
-        aborted = asyncio.gather(*(w.abort_all() for w in handles))
+        aborted = asyncio.gather(*(_abort_all(w) for w in handles))
         switched, partials = await asyncio.gather(self.reassign(roles or {}), aborted)
         await asyncio.gather(
             *(self.factory.stop(s, w) for s, w in zip(leaving, handles, strict=True))
@@ -201,3 +202,12 @@ class InterScaleRebuilder:
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in changes})
         self.route_or_hold()
         return [p for group in partials for p in group]
+
+
+async def _abort_all(worker) -> list[TurnOutput]:
+    """The worker's cut-short turns; none if it already stopped (crashed or was killed:
+    its callers got their turns back aborted and resume them)."""
+    try:
+        return await worker.abort_all()
+    except EngineStateError:
+        return []

@@ -3,6 +3,7 @@ with a driver-side handle implementing ``pearl.control.interfaces.RolloutWorker`
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -45,6 +46,11 @@ class LiveWorker:
         self.worker_id = worker_id
         self._role = role
         self.requested_version = 0
+        # Called (once) when the actor is found dead without kill(): returns a future that
+        # completes once the control plane has taken the worker out (set by the world).
+        self.on_failure = None
+        self.stopped = False  # kill() was called: a deliberate stop, not a failure
+        self._failure = None
         # Where sync_weights finds the newest weights: an ObjectRef of the trainer's
         # (version, weights) in Ray's object store (set by the training run).
         self.weights_source = None
@@ -63,6 +69,8 @@ class LiveWorker:
         try:
             return await getattr(self.actor, method).remote(*args)
         except RayActorError as exc:
+            if not self.stopped and self.on_failure is not None and self._failure is None:
+                self._failure = self.on_failure()
             raise EngineStateError(
                 f"worker {self.worker_id} is stopped ({type(exc).__name__})"
             ) from None
@@ -77,6 +85,8 @@ class LiveWorker:
         try:
             return await self._call("run_turn", turn)
         except EngineStateError:
+            if self._failure is not None:  # it died: resume once it is out of the topology
+                await asyncio.shield(self._failure)
             return TurnOutput(
                 turn.request_id, turn.session_id, [], [], "abort", self.requested_version
             )
@@ -113,11 +123,19 @@ class LiveWorker:
         if self.weights_source is None:
             raise RuntimeError(f"worker {self.worker_id} has no weights source to sync from")
         self.requested_version = version
-        installed = await self._call("load_weights", self.weights_source())
-        if installed != version:
+        try:
+            installed = await self._call("load_weights", self.weights_source())
+        except EngineStateError:
+            if self._failure is not None:
+                return  # it died: its replacement loads the newest weights before admission
+            raise
+        if installed < version:
             raise RuntimeError(
                 f"worker {self.worker_id}: asked for weights v{version}, the store holds v{installed}"
             )
+        # The store may already hold a newer version (a step ended meanwhile): it is what
+        # this worker now serves.
+        self.requested_version = installed
 
     async def stats(self) -> dict[str, Any]:
         return await self._call("stats")
@@ -125,6 +143,7 @@ class LiveWorker:
     def kill(self) -> None:
         import ray
 
+        self.stopped = True
         ray.kill(self.actor)
 
 

@@ -76,11 +76,14 @@ class LiveWorld:
     def make_worker(self, worker_id: str, slot: WorkerSlot, role: WorkerRole, plane) -> LiveWorker:
         worker = LiveWorker(worker_id, self.model, self.engine, role)
         worker.weights_source = lambda: self.trainer.weights_ref
+        worker.on_failure = lambda: plane.worker_failed(slot.slot_id)
         self.workers[worker_id] = worker
         return worker
 
     async def stop_worker(self, worker: LiveWorker) -> None:
         worker.kill()
+        if self.workers.get(worker.worker_id) is worker:
+            del self.workers[worker.worker_id]
 
     def make_trainer(self, plane) -> LiveTrainer:
         return self.trainer
