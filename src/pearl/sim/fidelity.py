@@ -347,16 +347,21 @@ CALIBRATION_SEED = 100
 MAX_FIT_SAMPLES = 800
 
 
-def held_out_samples(model, engine: dict[str, Any], vocab: int, deployment: str) -> list:
-    """The iterations live engines ran in the held-out workloads on ``deployment`` (``2C``,
-    ``1P1D``: as deployed, the driver, Ray and the other engine share the host, and prefill
-    or decode workers run their own batch shapes), as fitting samples."""
+def held_out_samples(
+    model, engine: dict[str, Any], vocab: int, deployment: str, workload: str | None = None
+) -> list:
+    """The iterations live engines ran in the held-out workloads (or only ``workload``'s) on
+    ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
+    share the host, and prefill or decode workers run their own batch shapes), as fitting
+    samples."""
     from pearl.sim.calibrate import Sample
 
     samples = []
-    for workload, tasks, group in CALIBRATION_WORKLOADS:
+    for name, tasks, group in CALIBRATION_WORKLOADS:
+        if workload is not None and name != workload:
+            continue
         case = FidelityCase(
-            f"calibration {workload}", workload, tasks, group, deployment, seed=CALIBRATION_SEED
+            f"calibration {name}", name, tasks, group, deployment, seed=CALIBRATION_SEED
         )
         _, log = run_live_case(case, model, engine, vocab)
         samples += [
@@ -382,6 +387,13 @@ def fit_in_situ(samples: list, grid_samples: list):
 CALIBRATIONS = ("in-situ", "grid", "grid-load")
 
 
+def _in_situ_key(case: FidelityCase) -> str:
+    """The in-situ fit a case uses: held-out runs of its own workload (other seeds) on its
+    deployment, e.g. ``1P1D/swe-cpu`` (workloads differ in batch shapes: one fit over
+    both is biased toward the one with more iterations)."""
+    return f"{_fit_key(case.deployment)}/{case.workload}"
+
+
 def _fit_key(deployment: str) -> str:
     """The fit a case uses: its own deployment's label (``2C``, ``1P1D``)."""
     return Deployment.parse(deployment).label
@@ -402,9 +414,10 @@ def compare(
     With ``profile`` None the cost model is fitted here, inside worker processes:
     ``grid`` from the calibration grid timed in one worker; ``grid-load`` from the grid
     timed in n workers at once, one fit per deployment size n; ``in-situ`` (default) per
-    deployment from the iterations of held-out live runs on that deployment (plus the
-    grid). The held-out runs are interleaved with the cases (after each case's live runs,
-    one pass on its deployment), so the fit samples the machine's load at the times the
+    deployment and workload from the iterations of held-out live runs of that workload (seed
+    ``CALIBRATION_SEED``) on that deployment (plus the grid). The held-out runs are
+    interleaved with the cases (after each case's live runs, one held-out run of its
+    workload on its deployment), so the fit samples the machine's load at the times the
     cases ran; the fits are made once every live run is done, then each case is simulated.
     """
     from pearl.live.server import ModelSpec
@@ -454,8 +467,11 @@ def compare(
         t0 = time.perf_counter()
         lives_of.append([run_live_case(case, model, engine, vocab) for _ in range(live_repeats)])
         if in_situ:
+            key = _in_situ_key(case)
             kind = _fit_key(case.deployment)
-            held_out.setdefault(kind, []).extend(held_out_samples(model, engine, vocab, kind))
+            held_out.setdefault(key, []).extend(
+                held_out_samples(model, engine, vocab, kind, case.workload)
+            )
         log(f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)")
     for kind, samples in sorted(held_out.items()):
         profiles[kind], report = fit_in_situ(samples, grid_samples)
@@ -473,7 +489,7 @@ def compare(
     for case, lives in zip(cases, lives_of, strict=True):
         kind = _fit_key(case.deployment)
         n = Deployment.parse(kind).num_workers
-        cost = costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
+        cost = costs.get(_in_situ_key(case)) or costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
         iterations = [it for _, log_ in lives for it in log_]
         check = iteration_check(cost, iterations)
         sim = run_sim_case(case, cost, engine, vocab, latency, overhead, rpc)
