@@ -53,10 +53,12 @@ class TrainRolloutSection(_Section):
 
 
 class TrainTrainerSection(_Section):
-    learning_rate: float = Field(2e-6, gt=0, le=1e-2)
+    learning_rate: float = Field(1e-5, gt=0, le=1e-2)
     clip_eps: float = Field(0.2, gt=0, lt=1)
     max_grad_norm: float = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(2048, ge=16, le=1_000_000)
+    micro_batch_tokens: int = Field(
+        1024, ge=16, le=1_000_000, description="padded tokens per backward pass (memory)"
+    )
     threads: int = Field(
         2, ge=1, le=64, description="torch threads of the trainer (it is the bottleneck here)"
     )
@@ -139,7 +141,7 @@ def load_train_config(path: str | Path | None, overrides: list[str] | None = Non
 class TrainRun:
     """A live GRPO run: actors, router, pipeline, run folder."""
 
-    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> None:
         from pearl.envs import make_env
         from pearl.models.catalog import resolve_model
         from pearl.models.chat import ChatFormat
@@ -147,7 +149,7 @@ class TrainRun:
         from pearl.models.tokenizer import Tokenizer
 
         self.cfg = cfg
-        self.log = log
+        self.log = log or (lambda line: print(line, flush=True))  # progress even when piped
         make_env(cfg.env.name, **cfg.env.options)  # fail on bad options before starting actors
         self.folder = resolve_model(cfg.model.name, log=log)
         self.model_config = ModelConfig.from_folder(self.folder)
