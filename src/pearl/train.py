@@ -178,7 +178,7 @@ class TrainRun:
         from pearl.control.composition import ClusterLayout, ControlPlane
         from pearl.control.episode import EpisodeBatch, run_episode_batch
         from pearl.control.pipeline import PipelineConfig
-        from pearl.control.policies import Pool, get_policy
+        from pearl.control.policies import Borrowing, Pool, get_policy
         from pearl.live.server import ModelSpec
         from pearl.live.trainer import LiveTrainer, TrainerConfig
         from pearl.live.worker import ensure_ray
@@ -189,7 +189,7 @@ class TrainRun:
         policy = get_policy(cfg.cluster.policy)
         elastic = policy.pool is Pool.ELASTIC
         preemptible = cfg.cluster.preemptible_workers if elastic else 0
-        borrows = policy.borrowing.value != "off"
+        borrows = policy.borrowing is not Borrowing.OFF
         actors = cfg.rollout.workers + preemptible + 1 + (1 if borrows else 0)
         ensure_ray(actors)
         if ray.cluster_resources().get("CPU", 0) < actors:
@@ -224,7 +224,7 @@ class TrainRun:
             spec,
             engine,
             trainer,
-            cpu_prior(self.model_config.to_hf_dict(), batch_size, cfg.rollout.max_context_tokens),
+            cpu_prior(self.model_config, batch_size, cfg.rollout.max_context_tokens),
         )
         started = time.monotonic()
 
@@ -407,9 +407,11 @@ def _roles(plane) -> str:
     """The active rollout roles, e.g. ``2 colocated`` or ``1 prefill + 1 decode``."""
     from collections import Counter
 
+    from pearl.control.state import WorkerStatus
+
     snap = plane.table.snapshot()
     counts = Counter(
-        str(s.role) for s in snap.slots if s.status.value == "active" and not s.is_training
+        str(s.role) for s in snap.slots if s.status is WorkerStatus.ACTIVE and not s.is_training
     )
     return " + ".join(f"{n} {role}" for role, n in sorted(counts.items())) or "none"
 

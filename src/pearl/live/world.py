@@ -22,23 +22,16 @@ from pearl.control.tracker import IterationObservation
 from pearl.live.server import ModelSpec
 from pearl.live.trainer import LiveTrainer
 from pearl.live.worker import LiveKVMover, LiveWorker
+from pearl.models.config import ModelConfig
 
 
-def cpu_prior(
-    model_config: dict[str, Any], batch_trajectories: int, max_context: int
-) -> WorkloadParams:
+def cpu_prior(model: ModelConfig, batch_trajectories: int, max_context: int) -> WorkloadParams:
     """What a live CPU deployment assumes before measuring (refitted after the first batch):
-    decode iterations of ~10 ms plus ~1 ms per sequence, prefill ~1 ms per token per 100M
-    parameters' worth of work scaled by the model's layers and width, KV bytes from the
-    model's shape (fp32), the object store's ~150 MB/s between actors."""
-    layers = model_config["num_hidden_layers"]
-    kv_heads = model_config.get("num_key_value_heads", model_config["num_attention_heads"])
-    head_dim = (
-        model_config.get("head_dim")
-        or model_config["hidden_size"] // model_config["num_attention_heads"]
-    )
-    kv_per_token = 2 * layers * kv_heads * head_dim * 4
-    width = model_config["hidden_size"] * layers / (576 * 30)  # SmolLM2-135M = 1
+    decode iterations of ~10 ms plus ~1 ms per sequence and prefill ~1 ms per token for a
+    SmolLM2-135M-sized model (scaled by layers x width), KV bytes from the model's shape
+    (fp32), the object store's ~150 MB/s between actors."""
+    kv_per_token = model.kv_bytes_per_token
+    width = model.hidden_size * model.num_hidden_layers / (576 * 30)  # SmolLM2-135M = 1
     return WorkloadParams(
         turns=1,
         decode_tokens_per_turn=1,
