@@ -133,3 +133,12 @@ def test_make_env_rejects_unknown_names_and_options():
         make_env("calculator", level="impossible")
     with pytest.raises(ValueError, match="environment 'guess'.*colour"):
         make_env("guess", colour="red")
+
+
+@pytest.mark.parametrize("name", ["calculator", "guess"])
+def test_every_environment_shows_a_demonstration_of_its_format(name):
+    env = make_env(name)
+    assert env.demonstration and all(
+        role in ("user", "assistant") and text for role, text in env.demonstration
+    )
+    assert env.demonstration[-1][0] in ("user", "assistant") and env.system_prompt

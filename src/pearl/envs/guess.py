@@ -24,6 +24,14 @@ class GuessEnv:
             f"Find a secret whole number from 1 to {high}. Reply with one guess as "
             f"<guess>NUMBER</guess>; you will hear whether the secret is higher or lower."
         )
+        # A worked example shown before the task (the format, and using the replies).
+        self.demonstration = (
+            ("user", f"Guess the number from 1 to {high}. You have {max_turns} guesses."),
+            ("assistant", f"<guess>{(1 + high) // 2}</guess>"),
+            ("user", f"Lower. {max_turns - 1} guesses left."),
+            ("assistant", f"<guess>{(1 + high) // 4}</guess>"),
+            ("user", "Correct!"),
+        )
         self.secret = 0
         self.turns = 0
         self.solved = False
