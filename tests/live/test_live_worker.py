@@ -1,6 +1,7 @@
 """Live workers: engines as Ray actors, driven by the same router and agent loop."""
 
 import asyncio
+import statistics
 
 import pytest
 
@@ -153,6 +154,36 @@ def test_fidelity_compares_the_live_mean_of_repeats_with_one_simulation(ray_runt
     assert any("x2, spread" in line for line in lines)
     with pytest.raises(ValueError, match="calibration seed"):
         fid.compare(profile, [dataclasses.replace(case, seed=fid.CALIBRATION_SEED)])
+
+
+def test_held_out_runs_measure_iterations_and_the_turn_calls_gap_under_load(ray_runtime):
+    from pearl.sim import fidelity as fid
+
+    model = ModelSpec(config=fid.CALIBRATION_MODEL)
+    vocab = fid.CALIBRATION_MODEL["vocab_size"]
+    measured = fid.held_out_samples(model, fid.CALIBRATION_ENGINE, vocab, "1P1D", "swe-cpu")
+    assert measured.samples and all(s.seconds > 0 for s in measured.samples)
+    turns = sum(
+        len(t.turns)
+        for t in fid.FidelityCase("h", "swe-cpu", 2, 4, "1P1D", seed=fid.CALIBRATION_SEED)
+        .batch()
+        .trajectories
+    )
+    # one prefill call per turn, one decode call per turn with more than one token
+    assert turns <= len(measured.gaps) <= 2 * turns
+    assert all(g > 0 for g in measured.gaps)  # a Ray call costs more than the engine's part
+    overhead, rpc = measured.load_overheads(0.0, 0.001)
+    assert overhead == pytest.approx(statistics.median(measured.gaps))
+    assert rpc == pytest.approx(0.001 + overhead)
+
+
+def test_load_overheads_add_what_load_added_to_a_turn_call_to_every_call():
+    from pearl.sim.fidelity import HeldOut
+
+    assert HeldOut().load_overheads(0.002, 0.001) == (0.002, 0.001)  # nothing measured
+    loaded = HeldOut(gaps=[0.004, 0.008, 0.006])
+    assert loaded.load_overheads(0.002, 0.001) == pytest.approx((0.006, 0.005))
+    assert loaded.load_overheads(0.010, 0.001) == pytest.approx((0.006, 0.001))
 
 
 @pytest.mark.parametrize("to", ["1P1D", "1C"])

@@ -205,8 +205,9 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
 
 @pytest.mark.parametrize("fast_forward", [False, True])
 def test_queries_answer_at_the_next_iteration_boundary_without_cutting_a_stretch(fast_forward):
-    """session_length / match_session wait for the iteration in progress, as a live worker's
-    engine lock makes them; a fast-forwarded decode stretch is not cut short by them."""
+    """session_length / match_session and a KV export wait for the iteration in progress, as
+    a live worker's engine lock makes them; a fast-forwarded decode stretch is not cut
+    short by them."""
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -219,15 +220,18 @@ def test_queries_answer_at_the_next_iteration_boundary_without_cutting_a_stretch
         answered = loop.time()
         await worker.match_session("a", [1] * 100)
         matched = loop.time()
+        await worker.export_kv("a", 0, 50)
+        exported = loop.time()
         out = await gen
         worker.close()
-        return answered, matched, out.telemetry.finished_at, worker.counters
+        return answered, matched, out.telemetry.finished_at, worker.counters, exported
 
     runs = {ff: run_virtual(main)[0] for ff in (False, True)}
-    answered, matched, finished, counters = runs[fast_forward]
+    answered, matched, finished, counters, exported = runs[fast_forward]
     step = LinearCost().decode_time(1, 200)  # about one decode iteration
     assert 0.1001 < answered < 0.1001 + 1.1 * step
     assert answered < matched <= answered + 1.1 * step  # the next boundary after that
+    assert matched < exported <= matched + 1.1 * step
     # Same boundaries and the same finish with or without fast-forward ...
     assert answered == pytest.approx(runs[not fast_forward][0], rel=1e-9)
     assert finished == pytest.approx(runs[not fast_forward][2], rel=1e-9)

@@ -18,6 +18,7 @@ from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.sim.calibrate import RANDOM_MODELS
+from pearl.sim.call_timer import Call, TimedWorker
 from pearl.sim.costmodel import CostModel
 from pearl.sim.models import ModelShape
 from pearl.sim.profiles import Profile
@@ -144,7 +145,11 @@ def run_sim_case(
     link_latency_s: float,
     request_overhead_s: float = 0.0,
     rpc_overhead_s: float = 0.0,
+    wrap: Callable[[Any], Any] | None = None,
+    on_iteration: Callable | None = None,
 ):
+    """The case simulated once; ``wrap`` and ``on_iteration`` as in
+    :func:`pearl.sim.world.simulate_fixed_rollout`."""
     cfg = SimEngineConfig(
         num_kv_blocks=engine["num_kv_blocks"],
         block_size=engine["block_size"],
@@ -163,6 +168,8 @@ def run_sim_case(
         size_kv_from_memory=False,
         link_latency_s=link_latency_s,
         changes=case.scripted(),
+        wrap=wrap,
+        on_iteration=on_iteration,
     )
     return report.result
 
@@ -347,28 +354,54 @@ CALIBRATION_SEED = 100
 MAX_FIT_SAMPLES = 800
 
 
+@dataclass(slots=True)
+class HeldOut:
+    """What held-out live runs measured for one fit: the engines' iterations (fitting
+    samples) and the gap of every turn call (driver-side minus engine-side seconds)."""
+
+    samples: list = dataclasses.field(default_factory=list)
+    gaps: list[float] = dataclasses.field(default_factory=list)
+
+    def extend(self, other: HeldOut) -> None:
+        self.samples += other.samples
+        self.gaps += other.gaps
+
+    def load_overheads(self, idle_overhead_s: float, idle_rpc_s: float) -> tuple[float, float]:
+        """(per-turn-call overhead, per-query call cost) under the runs' load: the turn
+        calls' median gap, and the idle query cost plus what load added to a turn call
+        (the actor's event loop and Ray's scheduling delay every call alike)."""
+        if not self.gaps:
+            return idle_overhead_s, idle_rpc_s
+        loaded = statistics.median(self.gaps)
+        return loaded, idle_rpc_s + max(0.0, loaded - idle_overhead_s)
+
+
 def held_out_samples(
     model, engine: dict[str, Any], vocab: int, deployment: str, workload: str | None = None
-) -> list:
+) -> HeldOut:
     """The iterations live engines ran in the held-out workloads (or only ``workload``'s) on
     ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
     share the host, and prefill or decode workers run their own batch shapes), as fitting
-    samples."""
+    samples, and the gaps of their turn calls."""
     from pearl.sim.calibrate import Sample
 
-    samples = []
+    out = HeldOut()
     for name, tasks, group in CALIBRATION_WORKLOADS:
         if workload is not None and name != workload:
             continue
         case = FidelityCase(
             f"calibration {name}", name, tasks, group, deployment, seed=CALIBRATION_SEED
         )
-        _, log = run_live_case(case, model, engine, vocab)
-        samples += [
+        calls: list[Call] = []
+        _, log = run_live_case(
+            case, model, engine, vocab, lambda w, calls=calls: TimedWorker(w, calls)
+        )
+        out.samples += [
             Sample(tuple(tuple(c) for c in prefills), tuple(decodes), seconds)
             for prefills, decodes, seconds in log
         ]
-    return samples
+        out.gaps += [c.gap_s for c in calls if c.gap_s is not None]
+    return out
 
 
 def fit_in_situ(samples: list, grid_samples: list):
@@ -462,21 +495,27 @@ def compare(
 
     # Live: every case's repeats, each followed (in-situ) by a held-out pass on its deployment.
     lives_of: list[list] = []
-    held_out: dict[str, list] = {}
+    held_out: dict[str, HeldOut] = {}
     for case in cases:
         t0 = time.perf_counter()
         lives_of.append([run_live_case(case, model, engine, vocab) for _ in range(live_repeats)])
         if in_situ:
             key = _in_situ_key(case)
             kind = _fit_key(case.deployment)
-            held_out.setdefault(key, []).extend(
+            held_out.setdefault(key, HeldOut()).extend(
                 held_out_samples(model, engine, vocab, kind, case.workload)
             )
         log(f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)")
-    for kind, samples in sorted(held_out.items()):
-        profiles[kind], report = fit_in_situ(samples, grid_samples)
+    overheads: dict[str, tuple[float, float]] = {}
+    for kind, measured in sorted(held_out.items()):
+        profiles[kind], report = fit_in_situ(measured.samples, grid_samples)
+        overheads[kind] = measured.load_overheads(overhead, rpc)
         log(f"fit from held-out live runs on {kind} plus the grid (wall clock):")
         log(report.table())
+        log(
+            f"  under load: per-turn-call overhead {overheads[kind][0] * 1e3:.2f} ms, other "
+            f"calls {overheads[kind][1] * 1e3:.2f} ms"
+        )
     costs = {}
     for kind, fitted in profiles.items():
         gpu = dataclasses.replace(
@@ -492,7 +531,8 @@ def compare(
         cost = costs.get(_in_situ_key(case)) or costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
         iterations = [it for _, log_ in lives for it in log_]
         check = iteration_check(cost, iterations)
-        sim = run_sim_case(case, cost, engine, vocab, latency, overhead, rpc)
+        case_overhead, case_rpc = overheads.get(_in_situ_key(case), (overhead, rpc))
+        sim = run_sim_case(case, cost, engine, vocab, latency, case_overhead, case_rpc)
         sim_turns = {(t.session_id, k): o for t in sim.trajectories for k, o in enumerate(t.turns)}
         live_latency: dict[tuple[str, int], list[float]] = {}
         for live, _ in lives:

@@ -192,6 +192,15 @@ class SimulatedWorker:
             await asyncio.sleep(self.config.rpc_overhead_s)
         await self._command(lambda: self.scheduler.release_session(session_id))
 
+    async def export_kv(self, session_id: str, start: int, end: int) -> None:
+        """Hand out the KV of tokens ``[start, end)`` of a session: the copy waits for the
+        iteration in progress (a live worker copies it under the engine lock, so a move
+        starts only at the prefill worker's next iteration boundary). Raises
+        ``EngineStateError`` if the worker is stopped."""
+        await self._next_boundary()
+        if self._closed:
+            raise EngineStateError(f"worker {self.worker_id} is stopped")
+
     async def import_kv(self, session_id: str, token_ids: list[int], start: int, end: int) -> int:
         """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens added."""
         chunk = token_ids[start:end]

@@ -70,7 +70,8 @@ class Deployment:
 
 
 class SimKVMover:
-    """Moves simulated KV over the network, then imports it on the decode worker."""
+    """Moves simulated KV: exported at the prefill worker's next iteration boundary, sent
+    over the network, imported on the decode worker."""
 
     def __init__(self, network: Network, cost: CostModel, gpus_of: dict[str, list[int]]) -> None:
         self.network = network
@@ -83,9 +84,12 @@ class SimKVMover:
         if end <= start:
             return 0, 0.0
         nbytes = self.cost.kv_bytes(end - start)
+        clock = asyncio.get_running_loop()
+        t0 = clock.time()
+        await src.export_kv(session_id, start, end)
         dst.kv_transfer_started()
         try:
-            seconds = await self.network.transfer(
+            await self.network.transfer(
                 self.gpus_of[src.worker_id], self.gpus_of[dst.worker_id], nbytes
             )
         finally:
@@ -93,7 +97,8 @@ class SimKVMover:
         await dst.import_kv(session_id, token_ids, start, end)
         self.bytes_moved += nbytes
         self.transfers += 1
-        return nbytes, seconds
+        # From the export's start to the import's end, as a live mover measures it.
+        return nbytes, clock.time() - t0
 
 
 @dataclass(slots=True)
@@ -151,24 +156,25 @@ class SimulatedCluster:
                 )
             )
 
-    async def deploy(self, deployment: Deployment) -> Router:
-        """Assign roles for ``deployment`` and return a router over them."""
+    async def deploy(
+        self, deployment: Deployment, handles: Sequence[RolloutWorker] | None = None
+    ) -> Router:
+        """Assign roles for ``deployment`` and return a router over them; ``handles``
+        (one per worker, e.g. timing proxies) are what the router sees instead."""
         if deployment.num_workers != self.num_workers:
             raise ValueError(
                 f"deployment {deployment.label} needs {deployment.num_workers} workers, cluster has {self.num_workers}"
             )
+        seen = list(handles) if handles is not None else list[RolloutWorker](self.workers)
         router = Router(SimKVMover(self.network, self.cost, self.gpus_of))
         if deployment.colocated:
-            router.set_topology(colocated=self.workers)
+            router.set_topology(colocated=seen)
             return router
-        prefill, decode = self.workers[: deployment.prefill], self.workers[deployment.prefill :]
-        for w in prefill:
+        for w in self.workers[: deployment.prefill]:
             await w.set_role(WorkerRole.PREFILL)
-        for w in decode:
+        for w in self.workers[deployment.prefill :]:
             await w.set_role(WorkerRole.DECODE)
-        router.set_topology(
-            prefill=list[RolloutWorker](prefill), decode=list[RolloutWorker](decode)
-        )
+        router.set_topology(prefill=seen[: deployment.prefill], decode=seen[deployment.prefill :])
         return router
 
     def close(self) -> None:
@@ -213,9 +219,12 @@ def simulate_fixed_rollout(
     link_latency_s: float | None = None,
     on_iteration: Callable | None = None,
     changes: Sequence[ScriptedChange] = (),
+    wrap: Callable[[RolloutWorker], RolloutWorker] | None = None,
 ) -> FixedRolloutReport:
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan;
-    ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder."""
+    ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder;
+    ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy), as in
+    :func:`pearl.sim.fidelity.run_live_case`."""
     cluster = SimulatedCluster(
         cost,
         deployment.num_workers,
@@ -230,19 +239,24 @@ def simulate_fixed_rollout(
     wall0 = time.perf_counter()
 
     async def main() -> BatchResult:
-        router = await cluster.deploy(deployment)
+        seen = [wrap(w) for w in cluster.workers] if wrap is not None else list(cluster.workers)
+        router = await cluster.deploy(deployment, seen)
         config = AgentLoopConfig(vocab_size, token_seed)
         if not changes:
             return await run_rollout_batch(batch, router, AsyncioClock(), config)
+
+        async def stop(handle) -> None:
+            cluster.workers[next(i for i, h in enumerate(seen) if h is handle)].close()
+
         return await run_scripted_batch(
             batch,
-            cluster.workers,
+            seen,
             deployment.topology,
             changes,
             router.kv_mover,
             AsyncioClock(),
             config,
-            stop=lambda worker: worker.close(),
+            stop=stop,
         )
 
     try:
