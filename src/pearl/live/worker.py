@@ -4,6 +4,7 @@ with a driver-side handle implementing ``pearl.control.interfaces.RolloutWorker`
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -14,13 +15,31 @@ from pearl.live.server import EngineServer, ModelSpec
 _ACTOR_CLASS = None
 
 
+# Ray (2.60) treats 127.0.0.1 as "this node's reachable address" and binds its servers to
+# every interface unless clusters are switched off, which makes the node's address the
+# loopback one and its servers listen there only. Read when ray is first imported.
+LOOPBACK_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def ensure_ray(num_cpus: int | None = None) -> None:
-    """Start a local Ray runtime if none is running (quiet: no dashboard)."""
+    """Start a local, single-machine Ray runtime if none is running: no dashboard, every
+    server bound to loopback (nothing listens on the machine's other addresses)."""
+    for key, value in LOOPBACK_ONLY_ENV.items():
+        os.environ.setdefault(key, value)  # Ray's own processes read it at start
     import ray
+    from ray._private import ray_constants
 
     if not ray.is_initialized():
+        # This process may have imported ray before the variable was set.
+        ray_constants.ENABLE_RAY_CLUSTER = os.environ[
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+        ].lower() not in ("0", "false")
         ray.init(
-            num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            logging_level="ERROR",
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
         )
 
 
