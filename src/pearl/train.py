@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import secrets
 import statistics
 import time
@@ -290,6 +291,7 @@ class TrainRun:
                 return row
 
             before = await evaluate("before")
+            await world.drain_logs()  # the evaluation's iterations are not step 0's
             offset = first_step  # task indices continue after a resume
 
             def batch_of(i: int) -> EpisodeBatch:
@@ -312,6 +314,9 @@ class TrainRun:
                 row["borrowed"] = bool(plane.toggle and plane.toggle.borrowed)
                 rows.append(row)
                 folder.metric(row)
+                folder.append(
+                    "rollouts.jsonl", rollout_shapes(rec, feed.iterations.pop(rec.step, []))
+                )
                 self.log(
                     f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  success "
                     f"{100 * row['success_rate']:5.1f}%  rollout {row['rollout_s']:5.1f}s  "
@@ -322,11 +327,12 @@ class TrainRun:
                 if every and (step + 1) % every == 0:
                     await trainer.save(str(folder.path / "checkpoints" / f"v{version}"))
 
+            feed = IterationFeed(world, plane, on_step)
             plane.make_pipeline(
                 batch_of,
                 loop,
                 PipelineConfig(cfg.run.steps, max_staleness=cfg.run.max_staleness),
-                IterationFeed(world, plane, on_step),
+                feed,
             )
             changes = [(t, min(n, preemptible)) for t, n in cfg.cluster.availability if t > 0]
             chaos = None
@@ -441,6 +447,38 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "loss": stats.get("loss", math.nan),
         "grad_norm": stats.get("grad_norm", math.nan),
         "clip_fraction": stats.get("clip_fraction", math.nan),
+    }
+
+
+def rollout_shapes(rec, iterations: list) -> dict[str, Any]:
+    """One ``rollouts.jsonl`` row: a step's rollout as token counts and times, enough to
+    replay it in the simulator (``benchmarks/train_live_vs_sim.py``): per trajectory, per
+    turn ``[appended tokens, generated tokens, tokens of it kept, environment seconds]``;
+    the tokens every first prompt shares; the engines' iterations (prefill chunks as
+    ``[tokens, cached]``, decode contexts, seconds)."""
+    trajectories = rec.result.trajectories
+    prompts = [t.sample.token_ids[: t.appended_tokens[0]] for t in trajectories if t.sample]
+    shared = len(os.path.commonprefix(prompts)) if prompts else 0  # works on lists too
+    return {
+        "step": rec.step,
+        "rollout_s": rec.rollout_finished - rec.rollout_started,
+        "shared_prefix_tokens": shared,
+        "trajectories": [
+            {
+                "group": t.sample.group if t.sample else t.session_id,
+                "turns": [
+                    [
+                        t.appended_tokens[k],
+                        len(out.token_ids),
+                        t.kept_tokens[k + 1] if k + 1 < len(t.kept_tokens) else len(out.token_ids),
+                        t.env_s[k] if k < len(t.env_s) else 0.0,
+                    ]
+                    for k, out in enumerate(t.turns)
+                ],
+            }
+            for t in trajectories
+        ],
+        "iterations": [[list(map(list, p)), list(d), s] for p, d, s in iterations],
     }
 
 

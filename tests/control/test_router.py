@@ -160,6 +160,42 @@ def test_a_turn_cut_short_by_a_shrink_resumes_elsewhere_without_losing_tokens():
     assert out.telemetry.decode_worker == "b" and router.turns_resumed == 1
 
 
+def test_a_prefill_worker_gone_before_its_kv_moved_hands_the_turn_back_to_resume():
+    """The prefill worker stops between its prefill and the KV move (shrunk or failed):
+    the move cannot export, the first token is handed back and the turn resumes on the
+    current prefill worker instead of retrying a move from a worker that is gone."""
+
+    class LeavingMover(InstantMover):
+        def __init__(self, router, replacement):
+            super().__init__()
+            self.router, self.replacement = router, replacement
+
+        async def move(self, src, dst, session_id, token_ids, start, end):
+            if src.worker_id == "p0":  # p0 leaves just as its KV is asked for
+                self.router.set_topology(prefill=[self.replacement], decode=[dst])
+                src.close()
+                await src.export_kv(session_id, start, end)  # raises: p0 is stopped
+            await src.export_kv(session_id, start, end)
+            return await super().move(src, dst, session_id, token_ids, start, end)
+
+    async def main():
+        p0, p1 = worker("p0", WorkerRole.PREFILL), worker("p1", WorkerRole.PREFILL)
+        d = worker("d0", WorkerRole.DECODE)
+        router = Router()
+        router.kv_mover = mover = LeavingMover(router, p1)
+        router.set_topology(prefill=[p0], decode=[d])
+        out = await asyncio.wait_for(router.run_turn(TurnRequest("r0", "s", [1] * 40, 8)), 60)
+        for w in (p1, d):
+            w.close()
+        return out, router, mover
+
+    out, router, mover = run_virtual(main)[0]
+    assert len(out.token_ids) == 8 and len(out.logprobs) == 8
+    assert out.telemetry.prefill_worker == "p1" and out.telemetry.decode_worker == "d0"
+    assert router.turns_resumed == 1 and router.transfer_retries == 1
+    assert [m[:2] for m in mover.moves] == [("p1", "d0")]
+
+
 class RecordingRouter(Router):
     def __init__(self):
         super().__init__()

@@ -135,6 +135,23 @@ def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ra
     assert all(r["trajectories"] == 4 and r["train_tokens"] > 0 for r in rows)
     # Staleness 1: batch 1 was rolled out with v0 while step 0 trained.
     assert rows[0]["staleness"] == 0 and rows[1]["staleness"] <= 1
+    # Each step's rollout as token counts (what the simulator replays) and its iterations.
+    shapes = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in shapes] == [0, 1]
+    for shape, row in zip(shapes, rows, strict=True):
+        assert shape["rollout_s"] == pytest.approx(row["rollout_s"])
+        assert len(shape["trajectories"]) == 4
+        turns = [t for traj in shape["trajectories"] for t in traj["turns"]]
+        assert len(turns) == row["turns"] and sum(t[1] for t in turns) == row["rollout_tokens"]
+        assert all(t[0] > 0 and 1 <= t[1] <= 8 and 0 <= t[2] <= t[1] for t in turns)
+        assert (
+            0
+            < shape["shared_prefix_tokens"]
+            <= min(t["turns"][0][0] for t in shape["trajectories"])
+        )
+        assert shape["iterations"] and all(s > 0 for _, _, s in shape["iterations"])
+        decoded = sum(len(d) for _, d, _ in shape["iterations"])
+        assert decoded >= sum(t[1] - 1 for t in turns)  # every generated token after the first
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["complete"] and summary["before"]["tasks"] == 2
     assert (folder / "reward.png").stat().st_size > 1000 and (folder / "throughput.png").is_file()

@@ -223,6 +223,11 @@ class Router:
                 await d.release_session(turn.session_id)
             except (KVTransferError, EngineStateError):
                 self.transfer_retries += 1
+                if p not in self.prefill:
+                    # The prefill worker left (stopped, failed, or changed role) before its KV
+                    # was moved: hand the first token back; the caller resumes the turn,
+                    # prefilling it again where the topology now allows.
+                    return dataclasses.replace(first, finish_reason="handed_back")
                 if d not in self.decode:
                     continue  # the worker left or changed role: pick another at once
                 # Out of KV memory on the decode side (the import did not fit, or memory
@@ -235,7 +240,7 @@ class Router:
                         f"{self.max_wait_s:g} s"
                     ) from None
                 low, high = RETRY_BACKOFF_S
-                await asyncio.sleep(min(high, low * 2**waits, deadline - loop.time()))
+                await asyncio.sleep(min(high, low * 2 ** min(waits, 16), deadline - loop.time()))
                 waits += 1
         t = rest.telemetry
         t.submitted_at = first.telemetry.submitted_at

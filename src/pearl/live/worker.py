@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
-from pearl.errors import EngineStateError
+from pearl.errors import EngineStateError, KVTransferError
 from pearl.live.server import EngineServer, ModelSpec
 
 _ACTOR_CLASS = None
@@ -177,9 +177,18 @@ class LiveKVMover:
     async def move(self, src, dst, session_id, token_ids, start, end):
         if end <= start:
             return 0, 0.0
+        import ray
+
         t0 = time.monotonic()
         chunk_ref = src.actor.export_kv.remote(session_id, start, end)
-        _, nbytes = await dst.actor.import_kv.remote(chunk_ref)
+        try:
+            _, nbytes = await dst.actor.import_kv.remote(chunk_ref)
+        except (KVTransferError, EngineStateError):
+            raise  # the engine's own refusal (e.g. no KV memory), raised through Ray
+        except ray.exceptions.RayError as exc:  # an actor died: the router decides what next
+            raise EngineStateError(
+                f"KV move {src.worker_id} -> {dst.worker_id} of session {session_id!r}: {exc}"
+            ) from exc
         self.bytes_moved += nbytes
         self.transfers += 1
         return nbytes, time.monotonic() - t0

@@ -90,23 +90,15 @@ class LiveWorld:
     async def start_logging(self) -> None:
         await asyncio.gather(*(w.actor.log_iterations.remote(True) for w in self.workers.values()))
 
-    async def drain_iterations(self) -> list[IterationObservation]:
-        """Every iteration the live workers ran since the last call, as tracker samples."""
+    async def drain_logs(self) -> list[tuple[list, list[int], float]]:
+        """Every iteration the live workers ran since the last call: (prefill chunks as
+        (tokens, cached), decode contexts, seconds)."""
         logs = await asyncio.gather(
             *(w.actor.log_iterations.remote(True) for w in self.workers.values()),
             return_exceptions=True,
         )
-        out = []
-        for log in logs:
-            if isinstance(log, BaseException):
-                continue  # a stopped worker reports nothing
-            for prefills, decodes, seconds in log:
-                out.append(
-                    IterationObservation(
-                        len(decodes), sum(t for t, _ in prefills), seconds, sum(decodes)
-                    )
-                )
-        return out
+        # A stopped worker reports nothing.
+        return [it for log in logs if not isinstance(log, BaseException) for it in log]
 
     def kill_all(self) -> None:
         for w in self.workers.values():
@@ -116,16 +108,25 @@ class LiveWorld:
                 pass
 
 
+def as_observation(iteration: tuple[list, list[int], float]) -> IterationObservation:
+    prefills, decodes, seconds = iteration
+    return IterationObservation(len(decodes), sum(t for t, _ in prefills), seconds, sum(decodes))
+
+
 class IterationFeed:
     """Pipeline listener: the tracker sees the live iterations of a batch before the Elastic
-    Scheduler refits on it; everything else is forwarded."""
+    Scheduler refits on it; everything else is forwarded. ``iterations[step]`` keeps each
+    batch's iterations as the engines logged them (for the run folder)."""
 
     def __init__(self, world: LiveWorld, plane, on_step=None) -> None:
         self.world, self.plane, self.on_step = world, plane, on_step
+        self.iterations: dict[int, list] = {}
 
     async def on_rollout_finished(self, step: int, result) -> None:
-        for obs in await self.world.drain_iterations():
-            self.plane.tracker.observe_iteration(obs)
+        logs = await self.world.drain_logs()
+        self.iterations[step] = logs
+        for it in logs:
+            self.plane.tracker.observe_iteration(as_observation(it))
         await self.plane.elastic.on_rollout_finished(step, result)
 
     async def on_training_begin(self, step: int) -> None:

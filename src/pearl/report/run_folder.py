@@ -29,6 +29,11 @@ class RunFolder:
         self._events.write(json.dumps(record, sort_keys=True) + "\n")
         self._events.flush()
 
+    def append(self, filename: str, record: dict[str, Any]) -> None:
+        """One JSON line appended to ``filename`` in the folder (opened per call: rare)."""
+        with (self.path / filename).open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
     def summary(self, record: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 

@@ -1,0 +1,225 @@
+"""`pearl train` against TRL's GRPOTrainer on the same model, task and settings, in one run.
+
+    .venv/bin/pip install 'trl==1.16.0'                 # TRL is only needed here
+    .venv/bin/python benchmarks/train_vs_trl.py         # 6 steps each, ~15 min on 2 cores
+    .venv/bin/python benchmarks/train_vs_trl.py --steps 3 --only trl
+
+What a user on one machine would otherwise pick: TRL's ``GRPOTrainer`` (generating with
+transformers' ``generate``) on SmolLM2-135M-Instruct, against PEARL's live run (paged-KV
+engine actors, GRPO trainer actor, asynchronous with staleness 1). Both train on the
+single-turn calculator (``max_turns=1``: answer ``<answer>N</answer>`` directly) with the
+same prompts (system prompt, worked example, question; ChatML), the same reward function
+(the environment's), ``tasks_per_step`` x ``group_size`` trajectories per step, the same
+learning rate, sampling temperature, clip range, gradient clipping, completion length and
+constant learning rate, no KL term, fp32, and the whole machine (TRL: one process with
+every core's torch thread; PEARL: its actors). Reported per system: trajectories per second
+over the training steps (model loading and PEARL's held-out evaluation excluded), seconds
+per step, and the reward of every step against wall time. Goal (issue 11): PEARL at least 3x
+TRL's trajectories per second. Writes ``results/train_vs_trl.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from pearl.envs import make_env, split_seed
+from pearl.models.catalog import resolve_model
+from pearl.train import TrainRun, load_train_config
+
+MODEL = "smollm2-135m"
+ENV_OPTIONS = {"max_turns": 1}
+
+
+def common(args) -> dict:
+    return {
+        "tasks_per_step": args.tasks,
+        "group_size": args.group,
+        "learning_rate": args.lr,
+        "temperature": 0.7,
+        "max_new_tokens": 64,
+        "clip_eps": 0.2,
+        "max_grad_norm": 1.0,
+        "steps": args.steps,
+    }
+
+
+def run_pearl(settings: dict) -> dict:
+    overrides = [
+        f"model.name={MODEL}",
+        "env.name=calculator",
+        f"env.options={json.dumps(ENV_OPTIONS)}",
+        f"rollout.tasks_per_step={settings['tasks_per_step']}",
+        f"rollout.group_size={settings['group_size']}",
+        f"rollout.max_new_tokens={settings['max_new_tokens']}",
+        f"rollout.temperature={settings['temperature']}",
+        f"trainer.learning_rate={settings['learning_rate']}",
+        f"trainer.clip_eps={settings['clip_eps']}",
+        f"trainer.max_grad_norm={settings['max_grad_norm']}",
+        f"run.steps={settings['steps']}",
+        "run.eval_tasks=0",
+        f"run.run_dir={tempfile.mkdtemp(prefix='pearl-vs-trl-')}",
+    ]
+    out = TrainRun(load_train_config(None, overrides)).run()
+    run_dir = Path(out["run_dir"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trajectories = sum(r["trajectories"] for r in rows)
+    seconds = out["train_seconds"]
+    return {
+        "system": "pearl",
+        "steps": len(rows),
+        "trajectories": trajectories,
+        "train_seconds": seconds,
+        "trajectories_per_s": trajectories / seconds,
+        "curve": [(r["elapsed_s"], r["reward_mean"]) for r in rows],
+    }
+
+
+def calculator_rows(tasks: int) -> list[dict]:
+    """The training prompts PEARL's episodes start from, as conversations, with their seeds."""
+    rows = []
+    for index in range(tasks):
+        env = make_env("calculator", **ENV_OPTIONS)
+        seed = split_seed("train", index)
+        question = asyncio.run(env.reset(seed))
+        messages = [{"role": "system", "content": env.system_prompt}]
+        messages += [{"role": r, "content": t} for r, t in env.demonstration]
+        messages.append({"role": "user", "content": question})
+        rows.append({"prompt": messages, "seed": seed})
+    return rows
+
+
+def calculator_reward(prompts, completions, seed, **_) -> list[float]:
+    """The environment's reward for each completion (TRL's reward-function signature)."""
+    rewards = []
+    for completion, s in zip(completions, seed, strict=True):
+        text = completion[-1]["content"] if isinstance(completion, list) else completion
+        env = make_env("calculator", **ENV_OPTIONS)
+        asyncio.run(env.reset(int(s)))
+        rewards.append(asyncio.run(env.step(text)).reward)
+    return rewards
+
+
+def run_trl(settings: dict, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    folder = resolve_model(MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    batch = settings["tasks_per_step"] * settings["group_size"]
+    # Task i of step k is train task k * tasks + i, as in PEARL's run.
+    data = Dataset.from_list(calculator_rows(settings["tasks_per_step"] * settings["steps"]))
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
+        per_device_train_batch_size=batch,
+        num_generations=settings["group_size"],
+        max_completion_length=settings["max_new_tokens"],
+        temperature=settings["temperature"],
+        top_p=1.0,
+        learning_rate=settings["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        epsilon=settings["clip_eps"],
+        max_grad_norm=settings["max_grad_norm"],
+        beta=0.0,
+        num_iterations=1,
+        max_steps=settings["steps"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    curve: list[tuple[float, float]] = []
+    clock: dict[str, float] = {}
+
+    class Timeline(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            clock["start"] = time.monotonic()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                curve.append((time.monotonic() - clock["start"], float(logs["reward"])))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            clock["end"] = time.monotonic()
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=calculator_reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Timeline()],
+    )
+    trainer.train()
+    seconds = clock["end"] - clock["start"]
+    trajectories = settings["steps"] * batch
+    return {
+        "system": "trl",
+        "steps": settings["steps"],
+        "trajectories": trajectories,
+        "train_seconds": seconds,
+        "trajectories_per_s": trajectories / seconds,
+        "curve": curve,
+        "threads": threads,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--tasks", type=int, default=8, help="tasks per step")
+    parser.add_argument("--group", type=int, default=4, help="trajectories per task")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--only", choices=("pearl", "trl"), default=None)
+    parser.add_argument("--out", default="results/train_vs_trl.json")
+    args = parser.parse_args()
+    settings = common(args)
+    threads = os.cpu_count() or 1
+    results = []
+    if args.only in (None, "trl"):
+        results.append(run_trl(settings, threads))
+    if args.only in (None, "pearl"):
+        results.append(run_pearl(settings))
+    print()
+    print("| system | steps | trajectories | train s | s / step | trajectories / s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['system']} | {r['steps']} | {r['trajectories']} | {r['train_seconds']:.1f} | "
+            f"{r['train_seconds'] / r['steps']:.1f} | {r['trajectories_per_s']:.3f} |"
+        )
+    for r in results:
+        points = ", ".join(f"{t:.0f}s: {v:.3f}" for t, v in r["curve"])
+        print(f"{r['system']} reward vs wall time: {points}")
+    by = {r["system"]: r for r in results}
+    if len(by) == 2:
+        ratio = by["pearl"]["trajectories_per_s"] / by["trl"]["trajectories_per_s"]
+        mean_reward = {s: statistics.fmean(v for _, v in by[s]["curve"]) for s in by}
+        print(
+            f"PEARL / TRL trajectories per second: {ratio:.2f}x (goal 3x); mean reward over "
+            f"the steps: PEARL {mean_reward['pearl']:.3f}, TRL {mean_reward['trl']:.3f}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"settings": settings, "results": results}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
