@@ -33,10 +33,10 @@ import statistics
 import time
 from pathlib import Path
 
+from pearl import fidelity as fid
+from pearl.control.call_timer import TIMED, TimedWorker
 from pearl.live.server import ModelSpec
 from pearl.live.worker import ensure_ray
-from pearl.sim import fidelity as fid
-from pearl.sim.call_timer import TIMED, TimedWorker
 
 
 def stats(values: list[float]) -> dict[str, float]:

@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pearl.control.deployment import Deployment
 from pearl.errors import PearlError
 from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
 from pearl.sim.models import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import Deployment, deployments_for, simulate_fixed_rollout
+from pearl.sim.world import deployments_for, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
 
 GPU = "H800"

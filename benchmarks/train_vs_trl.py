@@ -140,6 +140,7 @@ def run_trl(settings: dict, threads: int) -> dict:
         report_to=[],
         use_cpu=True,
         bf16=False,
+        gradient_checkpointing=False,  # its fastest setting: memory is not short here
         disable_tqdm=True,
         shuffle_dataset=False,
         dataloader_num_workers=0,

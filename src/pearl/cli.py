@@ -167,8 +167,8 @@ def calibrate(
     import statistics
     from pathlib import Path
 
+    from pearl import fidelity as fid
     from pearl.errors import PearlError
-    from pearl.sim import fidelity as fid
     from pearl.sim.calibrate import run_calibrate
 
     if calibration not in fid.CALIBRATIONS:

@@ -42,7 +42,7 @@ class ClusterSection(_Section):
     @field_validator("deployments")
     @classmethod
     def _check_deployments(cls, value: list[str]) -> list[str]:
-        from pearl.sim.world import Deployment
+        from pearl.control.deployment import Deployment
 
         for text in value:
             Deployment.parse(text)

@@ -6,21 +6,23 @@ import json
 import numpy as np
 import pytest
 
+from pearl.engine.profiling import (
+    BatchKind,
+    BatchShape,
+    CalibrationGrid,
+    Sample,
+    get_grid,
+    profile_engine,
+)
 from pearl.engine.sequence import Request, SamplingParams
 from pearl.errors import ConfigError, EngineStateError
 from pearl.sim.calibrate import (
     RANDOM_MODELS,
-    BatchKind,
-    BatchShape,
-    CalibrationGrid,
     FittedRates,
-    Sample,
     build_engine,
     calibrate,
     fit_profile,
-    get_grid,
     model_shape_of,
-    profile_engine,
     run_calibrate,
     samples_from_profile,
 )

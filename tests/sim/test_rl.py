@@ -266,8 +266,9 @@ def test_topology_labels_of_the_role_timeline():
 
 @pytest.mark.parametrize("to", ["1P1D", "1C"])
 def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
+    from pearl.control.deployment import Deployment
     from pearl.control.scripted import ScriptedChange
-    from pearl.sim.world import Deployment, simulate_fixed_rollout
+    from pearl.sim.world import simulate_fixed_rollout
 
     batch = generate_batch(PROFILE, seed=3)
     plain = simulate_fixed_rollout(batch, COST, Deployment.parse("2C"))

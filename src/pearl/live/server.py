@@ -149,7 +149,7 @@ class EngineServer:
 
     async def profile(self, grid: str = "default", repeats: int = 5, clock: str = "wall") -> list:
         """Calibration samples of this worker's own engine, timed where it really runs."""
-        from pearl.sim.calibrate import get_grid, profile_engine
+        from pearl.engine.profiling import get_grid, profile_engine
 
         async with self._lock:
             return profile_engine(self.engine, get_grid(grid), repeats, clock=clock)

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pearl.control.decision import DecisionConfig, decide
+from pearl.control.deployment import Deployment
 from pearl.control.tracker import IterationObservation, RuntimeTracker
 from pearl.sim.costmodel import CostModel
 from pearl.sim.rl import RLSetting, prior_params
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import Deployment, deployments_for, simulate_fixed_rollout
+from pearl.sim.world import deployments_for, simulate_fixed_rollout
 from pearl.workloads.agentic import AgenticProfile, generate_batch
 
 

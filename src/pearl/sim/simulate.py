@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pearl.config import SimSection, SimulateConfig, dump_config
+from pearl.control.deployment import Deployment
 from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.sim.costmodel import CostConstants, CostModel
 from pearl.sim.hardware import get_gpu
 from pearl.sim.models import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import Deployment, FixedRolloutReport, simulate_fixed_rollout
+from pearl.sim.world import FixedRolloutReport, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
 
 

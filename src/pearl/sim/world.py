@@ -10,63 +10,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.deployment import Deployment
 from pearl.control.interfaces import AsyncioClock, RolloutWorker, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
-from pearl.control.state import Topology
 from pearl.sim.clock import VirtualTimeLoop, sparse_gc
 from pearl.sim.costmodel import CostModel
 from pearl.sim.network import Network
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
 from pearl.workloads.agentic import RolloutBatch
-
-
-@dataclass(slots=True, frozen=True)
-class Deployment:
-    """A fixed rollout topology: ``colocated`` workers, or ``prefill`` + ``decode`` workers."""
-
-    colocated: int = 0
-    prefill: int = 0
-    decode: int = 0
-
-    def __post_init__(self) -> None:
-        if min(self.colocated, self.prefill, self.decode) < 0:
-            raise ValueError(f"worker counts must be >= 0, got {self}")
-        if self.colocated and (self.prefill or self.decode):
-            raise ValueError(f"a deployment is colocated or disaggregated, not both: {self}")
-        if not self.colocated and (self.prefill < 1 or self.decode < 1):
-            raise ValueError(
-                f"a disaggregated deployment needs >= 1 prefill and >= 1 decode worker: {self}"
-            )
-
-    @property
-    def num_workers(self) -> int:
-        return self.colocated + self.prefill + self.decode
-
-    @property
-    def label(self) -> str:
-        return f"{self.colocated}C" if self.colocated else f"{self.prefill}P{self.decode}D"
-
-    @property
-    def topology(self) -> Topology:
-        return Topology(self.prefill, self.decode, self.colocated)
-
-    @classmethod
-    def parse(cls, text: str) -> Deployment:
-        """``"8C"``, ``"colocated:8"``, ``"5P3D"``."""
-        t = text.strip().upper()
-        try:
-            if t.startswith("COLOCATED:"):
-                return cls(colocated=int(t.split(":", 1)[1]))
-            if t.endswith("C") and t[:-1].isdigit():
-                return cls(colocated=int(t[:-1]))
-            if "P" in t and t.endswith("D"):
-                p, d = t[:-1].split("P", 1)
-                return cls(prefill=int(p), decode=int(d))
-        except ValueError:
-            pass
-        raise ValueError(f"deployment {text!r} is not one of: '8C', 'colocated:8', '5P3D'")
 
 
 class SimKVMover:
@@ -224,7 +177,7 @@ def simulate_fixed_rollout(
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan;
     ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder;
     ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy), as in
-    :func:`pearl.sim.fidelity.run_live_case`."""
+    :func:`pearl.fidelity.run_live_case`."""
     cluster = SimulatedCluster(
         cost,
         deployment.num_workers,

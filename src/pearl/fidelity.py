@@ -13,17 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.call_timer import Call, TimedWorker
+from pearl.control.deployment import Deployment
 from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.sim.calibrate import RANDOM_MODELS
-from pearl.sim.call_timer import Call, TimedWorker
 from pearl.sim.costmodel import CostModel
 from pearl.sim.models import ModelShape
 from pearl.sim.profiles import Profile
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import Deployment, simulate_fixed_rollout
+from pearl.sim.world import simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
 
 # The model calibration and fidelity run on (random weights, 15.7M parameters, float32).
@@ -307,6 +308,7 @@ def calibrate_in_worker(
     grid: str = "default",
     repeats: int = 5,
     concurrent: int = 1,
+    model_config: dict[str, Any] = CALIBRATION_MODEL,
 ):
     """Fit a profile from iterations timed inside live worker processes (wall clock), with
     ``concurrent`` workers profiling at once (the host's load in a deployment of that many
@@ -342,7 +344,7 @@ def calibrate_in_worker(
         return samples, statistics.median(overheads), statistics.median(rpcs)
 
     samples, overhead, rpc = asyncio.run(main())
-    shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
+    shape = ModelShape.from_hf_config(model_config, "calibration", dtype_bytes=4)
     profile, report = fit_profile(samples, shape, clock="wall")
     return profile, report, (overhead, rpc), samples
 
@@ -383,7 +385,7 @@ def held_out_samples(
     ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
     share the host, and prefill or decode workers run their own batch shapes), as fitting
     samples, and the gaps of their turn calls."""
-    from pearl.sim.calibrate import Sample
+    from pearl.engine.profiling import Sample
 
     out = HeldOut()
     for name, tasks, group in CALIBRATION_WORKLOADS:
@@ -404,14 +406,16 @@ def held_out_samples(
     return out
 
 
-def fit_in_situ(samples: list, grid_samples: list):
+def fit_in_situ(
+    samples: list, grid_samples: list, model_config: dict[str, Any] = CALIBRATION_MODEL
+):
     """A profile fitted to held-out live iterations plus the grid (for shapes the runs did
     not visit); the live iterations set the fit's level (the grid was timed on an idle
     worker: faster than a loaded deployment)."""
     from pearl.sim.calibrate import fit_profile
 
     stride = max(1, len(samples) // MAX_FIT_SAMPLES)
-    shape = ModelShape.from_hf_config(CALIBRATION_MODEL, "calibration", dtype_bytes=4)
+    shape = ModelShape.from_hf_config(model_config, "calibration", dtype_bytes=4)
     return fit_profile(
         list(grid_samples) + samples[::stride], shape, clock="wall", anchor=len(grid_samples)
     )
