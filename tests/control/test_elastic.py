@@ -108,3 +108,56 @@ def test_a_shrink_during_an_expansion_cancels_the_whole_group():
     assert rebuilder.expansions_cancelled == 1
     assert set(rebuilder.workers) == {0}
     assert all(table.snapshot().slot(s).status is WorkerStatus.INACTIVE for s in range(1, 5))
+
+
+def test_a_failed_worker_is_marked_failed_then_restarted_on_its_slot():
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+
+    class RecordingTable(WorkerTable):
+        def __init__(self):
+            super().__init__()
+            self.history = []
+
+        def set_statuses(self, changes):
+            super().set_statuses(changes)
+            self.history += [(s, WorkerStatus(v)) for s, v in changes.items()]
+
+    async def main():
+        table = RecordingTable()
+        slots = [
+            table.add_slot([2 * i, 2 * i + 1], Zone.DEDICATED, WorkerRole.COLOCATED)
+            for i in range(2)
+        ]
+        factory = CheckedFactory(cost, table, prepare_s=5.0)
+        rebuilder = InterScaleRebuilder(table, Router(), factory, lambda: 0, cost.weight_sync_time)
+        events = []
+        elastic = ElasticScheduler(
+            rebuilder,
+            slots[:1],
+            slots[1:],
+            gpus_per_worker=2,
+            clock=AsyncioClock(),
+            log=events.append,
+        )
+        await elastic.start()
+        dead = rebuilder.workers[0]
+        dead.close()  # the process dies
+        await elastic.on_worker_failed(0)
+        marked = table.snapshot().slot(0).status
+        await elastic.settle()
+        table.check()
+        restarted = rebuilder.workers[0]
+        for w in rebuilder.workers.values():
+            w.close()
+        return table, events, marked, dead, restarted, elastic
+
+    table, events, marked, dead, restarted, elastic = run_virtual(main)[0]
+    assert marked in (WorkerStatus.FAILED, WorkerStatus.TRANSITIONING)
+    slot0 = [status for s, status in table.history if s == 0]
+    assert slot0[-3:] == [WorkerStatus.FAILED, WorkerStatus.TRANSITIONING, WorkerStatus.ACTIVE]
+    assert restarted is not dead and table.snapshot().slot(0).status is WorkerStatus.ACTIVE
+    assert [e["kind"] for e in events if e["kind"] in ("failure", "restart")] == [
+        "failure",
+        "restart",
+    ]
+    assert elastic.failures == 1

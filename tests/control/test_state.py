@@ -251,3 +251,19 @@ def test_random_operation_sequences_keep_invariants(ops):
         assert {s.slot_id: s.gpus for s in t.snapshot().slots} == bindings
         for s in t.snapshot().slots:
             assert s.is_routable == (s.slot_id in t.snapshot().active_roles())
+
+
+def test_a_failed_slot_holds_nothing_and_restarts_only_through_transitioning():
+    table = WorkerTable()
+    slot = table.add_slot([0, 1], Zone.DEDICATED, WorkerRole.COLOCATED)
+    table.set_status(slot, WorkerStatus.TRANSITIONING)
+    table.set_status(slot, WorkerStatus.ACTIVE)
+    table.set_status(slot, WorkerStatus.FAILED)
+    assert table.snapshot().routable(WorkerRole.COLOCATED) == ()
+    with pytest.raises(WorkerStateError, match="cannot go from failed to active"):
+        table.set_status(slot, WorkerStatus.ACTIVE)
+    table.set_status(slot, WorkerStatus.TRANSITIONING)  # restart
+    table.set_status(slot, WorkerStatus.ACTIVE)
+    table.set_status(slot, WorkerStatus.FAILED)
+    table.set_status(slot, WorkerStatus.INACTIVE)  # released
+    table.check()

@@ -24,7 +24,7 @@ from pearl.control.planner import plan_transition
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
 from pearl.control.rebuilder import InterScaleRebuilder
 from pearl.control.rollout import BatchResult
-from pearl.control.state import SlotId, Topology
+from pearl.control.state import SlotId, Topology, WorkerStatus
 from pearl.control.toggle import IntraScaleToggleManager
 from pearl.control.tracker import RuntimeTracker
 
@@ -230,6 +230,7 @@ class ElasticScheduler:
             survivors = set(self.rebuilder.workers) - {slot_id}
             roles = self._roles_for(survivors)
             self.log({"kind": "failure", "slot": slot_id, "roles": _labels(roles)})
+            self.table.set_status(slot_id, WorkerStatus.FAILED)  # until restarted
             await self.rebuilder.shrink([slot_id], roles)
             budget = self.budget_gpus // self.gpus_per_worker
             if slot_id in set(self.reserved) | set(self.preemptible[:budget]):

@@ -80,7 +80,14 @@ class InterScaleRebuilder:
         leaving = [s for s in leaving if s in self.workers]
         if not leaving:
             return await self.reassign(roles or {})
-        self.table.set_statuses({s: WorkerStatus.INACTIVE for s in leaving})
+        snap = self.table.snapshot()
+        stopping = {  # a failed slot stays marked failed
+            s: WorkerStatus.INACTIVE
+            for s in leaving
+            if snap.slot(s).status is not WorkerStatus.FAILED
+        }
+        if stopping:
+            self.table.set_statuses(stopping)
         self.route_or_hold()  # first stop routing, so resumed turns land elsewhere
         handles = [self.workers.pop(s) for s in leaving]
         aborted = asyncio.gather(*(_abort_all(w) for w in handles))

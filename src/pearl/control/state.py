@@ -46,6 +46,7 @@ class WorkerStatus(enum.StrEnum):
     ACTIVE = "active"  # serves requests (rollout) or holds its GPUs (training)
     INACTIVE = "inactive"  # process may live, but serves nothing and holds no device state
     TRANSITIONING = "transitioning"  # joining, leaving or being reassigned: drain or init first
+    FAILED = "failed"  # its process died: serves and holds nothing until restarted or released
 
 
 class Zone(enum.StrEnum):
@@ -64,10 +65,16 @@ class Mode(enum.StrEnum):
 
 # a_w transitions: activation always goes through TRANSITIONING (init, weight sync, role
 # rebinding); deactivation may skip it, because an inter-scale shrink returns GPUs at once.
+# A worker that dies (active or starting) is FAILED until its slot restarts or is released.
 _ALLOWED_STATUS_CHANGES: dict[WorkerStatus, frozenset[WorkerStatus]] = {
     WorkerStatus.INACTIVE: frozenset({WorkerStatus.TRANSITIONING}),
-    WorkerStatus.TRANSITIONING: frozenset({WorkerStatus.ACTIVE, WorkerStatus.INACTIVE}),
-    WorkerStatus.ACTIVE: frozenset({WorkerStatus.TRANSITIONING, WorkerStatus.INACTIVE}),
+    WorkerStatus.TRANSITIONING: frozenset(
+        {WorkerStatus.ACTIVE, WorkerStatus.INACTIVE, WorkerStatus.FAILED}
+    ),
+    WorkerStatus.ACTIVE: frozenset(
+        {WorkerStatus.TRANSITIONING, WorkerStatus.INACTIVE, WorkerStatus.FAILED}
+    ),
+    WorkerStatus.FAILED: frozenset({WorkerStatus.TRANSITIONING, WorkerStatus.INACTIVE}),
 }
 
 
@@ -263,7 +270,7 @@ class TableSnapshot:
             )
             for g in s.gpus:
                 table[g].append(s.slot_id)
-                if s.status is not WorkerStatus.INACTIVE:
+                if s.status not in (WorkerStatus.INACTIVE, WorkerStatus.FAILED):
                     holders[g].append(s.slot_id)
         for name, table in (
             ("dedicated", dedicated),
@@ -359,7 +366,9 @@ class WorkerTable:
         """Change ``a_w`` of several slots atomically (e.g. admit an expansion group at once).
 
         Allowed: inactive -> transitioning -> active, active -> transitioning -> inactive,
-        and active -> inactive (urgent reclaim). A GPU is held by one non-inactive slot at most.
+        active -> inactive (urgent reclaim), and active or transitioning -> failed (the
+        process died) -> transitioning (restart) or inactive. A GPU is held by one slot at
+        most that is neither inactive nor failed.
         """
         if not changes:
             raise WorkerStateError("set_statuses needs at least one (slot, status) change")
