@@ -1,6 +1,7 @@
 """Live workers: engines as Ray actors, driven by the same router and agent loop."""
 
 import asyncio
+import dataclasses
 import statistics
 
 import pytest
@@ -67,6 +68,33 @@ def test_engine_server_serves_turns_between_iterations():
     outs, held = asyncio.run(main())
     assert [len(o.token_ids) for o in outs] == [8, 8, 8]
     assert held == 5 + 7  # prompt plus all but the last sampled token
+
+
+def test_a_released_worker_frees_its_weights_and_kv_and_serves_again_after_a_sync():
+    """Borrowing between rounds: release_device frees weights and KV (the process stays),
+    weights installed while released come back with restore_device."""
+
+    async def main():
+        server = EngineServer("w0", ModelSpec(config=MODEL), ENGINE)
+        turn = TurnRequest("r0", "s0", [3, 1, 4, 1, 5], 6, temperature=0)
+        before = await server.run_turn(turn)
+        await server.release_session("s0")
+        weights = {n: p.detach().clone().numpy() for n, p in server.engine.model.named_parameters()}
+        await server.release_device()
+        await server.release_device()  # idempotent
+        released = (
+            server.engine.asleep,
+            sum(p.numel() for p in server.engine.model.parameters()),
+            server.engine.runner.kv_cache,
+        )
+        await server.load_weights((7, weights))  # the trainer's newest, while released
+        await server.restore_device()
+        after = await server.run_turn(dataclasses.replace(turn, request_id="r1"))
+        return before, released, after
+
+    before, (asleep, params, kv), after = asyncio.run(main())
+    assert asleep and params == 0 and kv is None
+    assert after.token_ids == before.token_ids and after.weight_version == 7
 
 
 def test_engine_server_logs_iteration_shapes_the_cost_model_can_price():

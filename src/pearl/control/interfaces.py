@@ -103,6 +103,14 @@ class RolloutWorker(Protocol):
     async def set_role(self, role: WorkerRole) -> list[TurnOutput]:
         """Switch role, handing back in-flight turns the new role cannot run."""
 
+    async def release_device(self) -> None:
+        """Free the device state (KV cache, weights) of an idle worker; its process stays
+        (a borrowing worker between rounds: the trainer needs the memory)."""
+
+    async def restore_device(self) -> None:
+        """Reallocate what ``release_device`` freed, with the weights last installed
+        (``sync_weights`` works while released); a no-op on a worker holding its state."""
+
 
 class KVMover(Protocol):
     """Moves a session's KV for tokens ``[start, end)`` from a prefill to a decode worker."""

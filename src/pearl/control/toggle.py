@@ -77,6 +77,7 @@ class IntraScaleToggleManager:
         await asyncio.gather(
             *(self.overlap[s].sync_weights(version, self.activate_s) for s in joining)
         )
+        await asyncio.gather(*(self.overlap[s].restore_device() for s in joining))
         self.rebuilder.workers.update({s: self.overlap[s] for s in joining})
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
         if final:
@@ -106,6 +107,8 @@ class IntraScaleToggleManager:
         )
         self.rebuilder.route_or_hold()
         partials.append(switched)
+        # Free their device state for the trainer; the processes stay (sleep, not stop).
+        await asyncio.gather(*(self.overlap[s].release_device() for s in slots))
         await asyncio.sleep(self.deactivate_s)
         self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in self.training_slots})
         await self.trainer.restore_device()

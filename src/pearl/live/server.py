@@ -110,6 +110,17 @@ class EngineServer:
             outs = self.engine.abort_all()
         return [self._resolve(o) for o in outs]
 
+    async def release_device(self) -> None:
+        """Free the KV cache and the weights (the next ``load_weights`` brings them back,
+        ``restore_device`` reallocates); the process and its engine object stay."""
+        async with self._lock:
+            if not self.engine.asleep:
+                self.engine.sleep(keep_weights_on_host=False)
+
+    async def restore_device(self) -> None:
+        async with self._lock:
+            self.engine.wake()
+
     async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
         """Install the trainer's ``(version, numpy weights)`` between two iterations; turns in
         flight continue under them. Returns the version."""

@@ -136,6 +136,12 @@ class LiveWorker:
     async def abort_all(self) -> list[TurnOutput]:
         return await self._call("abort_all")
 
+    async def release_device(self) -> None:
+        await self._call("release_device")
+
+    async def restore_device(self) -> None:
+        await self._call("restore_device")
+
     async def sync_weights(self, version: int, seconds: float = 0.0) -> None:
         """Fetch the trainer's weights ``version`` from the object store (the actor reads
         them directly; they never pass through the driver) and install them."""

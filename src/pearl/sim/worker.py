@@ -226,6 +226,13 @@ class SimulatedWorker:
                 fut.set_result(out)
         return [self._turn_output(o, 0.0) for o in outputs]
 
+    async def release_device(self) -> None:
+        """Nothing to free in virtual time: the toggle charges release and restore as
+        ``deactivate_s`` and ``activate_s``."""
+
+    async def restore_device(self) -> None:
+        """See ``release_device``."""
+
     async def set_role(self, role: WorkerRole) -> list[TurnOutput]:
         """Switch role, handing back (aborting) in-flight work the new role cannot run."""
 
