@@ -45,3 +45,8 @@ class WorkloadError(PearlError, ValueError):
 
 class TraceFormatError(PearlError, ValueError):
     """A trace file (rollout JSONL, availability CSV) is malformed; the message names file, line and field."""
+
+
+class RunInterrupted(PearlError, RuntimeError):
+    """A run stopped before its last step; its folder keeps what finished, and the message
+    says how to continue."""

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from pearl.config import _Section, dump_config, load_config
-from pearl.errors import ConfigError
+from pearl.errors import ConfigError, RunInterrupted
 
 
 class TrainModelSection(_Section):
@@ -171,6 +171,31 @@ class TrainRun:
 
     def run(self, resume: str | None = None) -> dict[str, Any]:
         return asyncio.run(self._main(resume))
+
+    def _trainer_died(self, folder, rows: list, first_step: int, exc: Exception) -> RunInterrupted:
+        """Mark the run folder incomplete and say how to continue from the last checkpoint."""
+        last = _last_checkpoint(folder.path)
+        folder.summary(
+            {
+                "complete": False,
+                "error": f"the trainer's process died ({type(exc).__name__})",
+                "steps": len(rows),
+                "last_checkpoint": str(last[1]) if last else None,
+            }
+        )
+        where = f"metrics and checkpoints are in {folder.path}"
+        if last is None:
+            return RunInterrupted(
+                f"the trainer's process died after {len(rows)} steps, before any checkpoint "
+                f"(run.checkpoint_every); {where}"
+            )
+        version, path = last
+        remaining = first_step + self.cfg.run.steps - version
+        return RunInterrupted(
+            f"the trainer's process died after {len(rows)} steps; {where}; continue from "
+            f"v{version} with: pearl train --config {folder.path / 'config.yaml'} --resume "
+            f"{path} run.steps={remaining} run.run_name={folder.path.name}-resumed"
+        )
 
     async def _main(self, resume: str | None) -> dict[str, Any]:
         import ray
@@ -342,6 +367,10 @@ class TrainRun:
                 )
             try:
                 records = await plane.run(changes if elastic else ())
+            except ray.exceptions.RayActorError as exc:
+                # Rollout workers that die are replaced (LiveWorker maps their deaths);
+                # what reaches here is the trainer's process dying.
+                raise self._trainer_died(folder, rows, first_step, exc) from None
             finally:
                 if chaos is not None:
                     chaos.cancel()
@@ -371,6 +400,15 @@ class TrainRun:
             folder.close()
             world.kill_all()
             ray.kill(trainer.actor)
+
+
+def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:
+    """The newest ``checkpoints/v<N>`` of a run folder that holds a saved optimizer."""
+    found = []
+    for path in (folder / "checkpoints").glob("v*"):
+        if path.name[1:].isdigit() and (path / "optimizer" / "trainer.json").is_file():
+            found.append((int(path.name[1:]), path))
+    return max(found) if found else None
 
 
 async def _chaos(plane, every_s: float, seed: int, log) -> None:

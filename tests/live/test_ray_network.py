@@ -4,25 +4,7 @@ import ipaddress
 import os
 
 import pytest
-
-
-def _process_tree(root: int) -> set[int]:
-    parent_of = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    tree, todo = {root}, [root]
-    while todo:
-        current = todo.pop()
-        for pid, parent in parent_of.items():
-            if parent == current and pid not in tree:
-                tree.add(pid)
-                todo.append(pid)
-    return tree
+from procfs import process_tree
 
 
 def _socket_inodes(pids: set[int]) -> dict[int, int]:
@@ -89,7 +71,7 @@ def test_no_ray_process_listens_outside_loopback():
 
         probe = Probe.remote()
         ray.get(probe.ping.remote())
-        inodes = _socket_inodes(_process_tree(os.getpid()))
+        inodes = _socket_inodes(process_tree(os.getpid()))
         ours = [(ip, port, inodes[inode]) for ip, port, inode in _listening() if inode in inodes]
         assert ours, "found no listening socket of Ray's processes: the probe is broken"
         outside = [(str(ip), port, pid) for ip, port, pid in ours if not _is_loopback(ip)]

@@ -3,6 +3,13 @@ the control plane's router and pipeline, episodes of the calculator task, weight
 metrics, checkpoints and resume."""
 
 import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -293,3 +300,62 @@ def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
     rows = (tmp_path / "smol" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2
     assert "eval (after, v2)" in result.output
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkpoint(
+    chat_model, tmp_path
+):
+    """The trainer's process is killed mid-run (SIGKILL): `pearl train` stops with one line
+    saying how to continue, the folder is marked incomplete, and that command finishes the
+    run from the last checkpoint."""
+    from procfs import process_tree, processes_named
+
+    pearl = str(Path(sys.executable).parent / "pearl")
+    run = [
+        pearl,
+        "train",
+        f"model.name={chat_model}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=40",
+        "run.eval_tasks=0",
+        "run.checkpoint_every=1",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=k",
+    ]
+    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        saved = tmp_path / "k" / "checkpoints" / "v2" / "optimizer" / "trainer.json"
+        deadline = time.monotonic() + 240
+        while not saved.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert saved.is_file(), "no checkpoint v2 appeared"
+        (trainer,) = processes_named("ray::GRPOTrainer", process_tree(proc.pid))
+        os.kill(trainer, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, out + err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "the trainer's process died" in line and "--resume" in line
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["last_checkpoint"]
+    version = int(Path(summary["last_checkpoint"]).name[1:])
+    steps = [
+        json.loads(x)["step"] for x in (tmp_path / "k" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == list(range(len(steps))) and len(steps) >= version >= 2
+
+    command = shlex.split(line.split("continue from ", 1)[1].split(" with: ", 1)[1])
+    assert command[0] == "pearl"
+    again = subprocess.run([pearl, *command[1:]], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = [
+        json.loads(x)["step"]
+        for x in (tmp_path / "k-resumed" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert resumed == list(range(version, 40))  # the run's remaining steps, from the checkpoint
+    assert json.loads((tmp_path / "k-resumed" / "summary.json").read_text())["complete"]

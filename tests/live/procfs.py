@@ -1,0 +1,37 @@
+"""Processes of this machine from /proc (Linux), for tests that look at what Ray started."""
+
+import os
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it."""
+    parent_of = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, todo = {root}, [root]
+    while todo:
+        current = todo.pop()
+        for pid, parent in parent_of.items():
+            if parent == current and pid not in tree:
+                tree.add(pid)
+                todo.append(pid)
+    return tree
+
+
+def processes_named(prefix: str, within: set[int]) -> list[int]:
+    """Pids in ``within`` whose command line starts with ``prefix`` (Ray names its
+    actor processes ``ray::<Class>.<method>``)."""
+    out = []
+    for pid in within:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().decode(errors="replace").startswith(prefix):
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
