@@ -107,3 +107,62 @@ def test_the_gate_can_keep_the_gpus_with_the_trainer():
     assert toggle.rounds == 0 and toggle.skipped_by_gate == 4
     assert not any(w.startswith("o") for w in served)
     assert trainer.steps == 3
+
+
+def test_a_dead_overlap_worker_is_marked_failed_replaced_and_borrowed_again():
+    from pearl.control.elastic import ElasticScheduler
+
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+
+    async def main():
+        table = WorkerTable()
+        dedicated = table.add_slot([0, 1], Zone.DEDICATED, WorkerRole.COLOCATED)
+        training = table.add_slot(
+            range(100, 104), Zone.OVERLAP, WorkerRole.TRAINING, WorkerStatus.ACTIVE
+        )
+        o0, o1 = (
+            table.add_slot([100 + 2 * i, 101 + 2 * i], Zone.OVERLAP, WorkerRole.COLOCATED)
+            for i in range(2)
+        )
+        trainer = SimulatedTrainer(cost, num_gpus=4)
+        rebuilder = InterScaleRebuilder(
+            table, Router(), SimFactory(cost), lambda: trainer.weight_version, cost.weight_sync_time
+        )
+        retained = {
+            s: SimulatedWorker(f"o{s}", cost, SimEngineConfig(num_kv_blocks=4096)) for s in (o0, o1)
+        }
+        toggle = IntraScaleToggleManager(rebuilder, trainer, [training], retained, 1.0, 1.0)
+        elastic = ElasticScheduler(
+            rebuilder, [dedicated], [], gpus_per_worker=2, clock=AsyncioClock(), toggle=toggle
+        )
+        await elastic.start()
+        status = lambda s: table.snapshot().slot(s).status  # noqa: E731
+        seen = {}
+        assert await toggle.borrow()
+        dead = toggle.overlap[o0]
+        dead.close()  # dies while serving
+        await elastic.on_worker_failed(o0)
+        seen["serving"] = (status(o0), o0 in rebuilder.workers)
+        await elastic.settle()
+        seen["replaced"] = (status(o0), toggle.overlap[o0] is not dead)
+        await toggle.give_back()
+        table.check()
+        idle = toggle.overlap[o1]
+        idle.close()  # dies between rounds
+        await elastic.on_worker_failed(o1)
+        seen["idle"] = status(o1)
+        await elastic.settle()
+        assert await toggle.borrow()
+        seen["again"] = (status(o0), status(o1), set(rebuilder.workers))
+        await toggle.give_back()
+        table.check()
+        for w in list(rebuilder.workers.values()) + list(toggle.overlap.values()):
+            w.close()
+        return seen, toggle, elastic, (dedicated, o0, o1)
+
+    seen, toggle, elastic, (dedicated, o0, o1) = run_virtual(main)[0]
+    assert seen["serving"] == (WorkerStatus.FAILED, False)
+    assert seen["replaced"] == (WorkerStatus.INACTIVE, True)
+    assert seen["idle"] is WorkerStatus.FAILED
+    assert seen["again"] == (WorkerStatus.ACTIVE, WorkerStatus.ACTIVE, {dedicated, o0, o1})
+    assert toggle.replaced == 2 and elastic.failures == 2

@@ -125,6 +125,7 @@ class ElasticScheduler:
         # Background expansions in flight, each a group admitted (or cancelled) as a whole.
         self._expansions: dict[asyncio.Task[bool], frozenset[SlotId]] = {}
         self._lock = asyncio.Lock()  # one reconfiguration at a time (the table serializes too)
+        self._replacements: set[asyncio.Future] = set()  # overlap workers being restarted
 
     # -- helpers -------------------------------------------------------------------
     def log(self, event: dict) -> None:
@@ -220,18 +221,31 @@ class ElasticScheduler:
         return ok
 
     async def on_worker_failed(self, slot_id: SlotId) -> None:
-        """A dedicated worker's process died: take it out now (as an urgent shrink: its cut
-        turns resume on the survivors) and, if its slot is still in the budget, start a
-        fresh worker on the same devices in the background (admitted as any expansion)."""
+        """A worker's process died: mark its slot failed; if it was serving, take it out
+        now (as an urgent shrink: its cut turns resume on the survivors). A dedicated slot
+        still in the budget gets a fresh worker in the background (admitted as any
+        expansion); an overlap slot gets a fresh retained process for the next borrowing
+        round."""
         async with self._lock:
-            if slot_id not in self.rebuilder.workers:
+            overlap = self.toggle is not None and slot_id in self.toggle.overlap
+            if self.table.snapshot().slot(slot_id).status is WorkerStatus.FAILED or not (
+                overlap or slot_id in self.rebuilder.workers
+            ):
                 return  # already out (stopped by a shrink, or reported twice)
             self.failures += 1
-            survivors = set(self.rebuilder.workers) - {slot_id}
-            roles = self._roles_for(survivors)
-            self.log({"kind": "failure", "slot": slot_id, "roles": _labels(roles)})
-            self.table.set_status(slot_id, WorkerStatus.FAILED)  # until restarted
-            await self.rebuilder.shrink([slot_id], roles)
+            if slot_id in self.rebuilder.workers:  # serving: out now, its turns resume
+                survivors = set(self.rebuilder.workers) - {slot_id}
+                roles = self._roles_for(survivors)
+                self.log({"kind": "failure", "slot": slot_id, "roles": _labels(roles)})
+                self.table.set_status(slot_id, WorkerStatus.FAILED)  # until restarted
+                await self.rebuilder.shrink([slot_id], roles)
+            else:  # a retained overlap process, idle between borrowing rounds
+                self.log({"kind": "failure", "slot": slot_id, "roles": None})
+                self.table.set_status(slot_id, WorkerStatus.FAILED)
+            if overlap:
+                self.log({"kind": "restart", "slot": slot_id, "role": "overlap"})
+                self._replacements.add(self.toggle.replace_failed(slot_id))
+                return
             budget = self.budget_gpus // self.gpus_per_worker
             if slot_id in set(self.reserved) | set(self.preemptible[:budget]):
                 guess = self._roles_for(set(self.rebuilder.workers) | {slot_id})
@@ -249,7 +263,10 @@ class ElasticScheduler:
             await self.on_availability(gpus)
 
     async def settle(self) -> None:
-        """Wait for the background expansions to finish (end of a run)."""
+        """Wait for the background expansions and replacements to finish (end of a run)."""
+        for task in list(self._replacements):
+            await task
+        self._replacements.clear()
         for task in list(self._expansions):
             try:
                 await task

@@ -65,9 +65,10 @@ class Mode(enum.StrEnum):
 
 # a_w transitions: activation always goes through TRANSITIONING (init, weight sync, role
 # rebinding); deactivation may skip it, because an inter-scale shrink returns GPUs at once.
-# A worker that dies (active or starting) is FAILED until its slot restarts or is released.
+# A worker that dies (serving, starting, or a retained idle process) is FAILED until its
+# slot restarts or is released.
 _ALLOWED_STATUS_CHANGES: dict[WorkerStatus, frozenset[WorkerStatus]] = {
-    WorkerStatus.INACTIVE: frozenset({WorkerStatus.TRANSITIONING}),
+    WorkerStatus.INACTIVE: frozenset({WorkerStatus.TRANSITIONING, WorkerStatus.FAILED}),
     WorkerStatus.TRANSITIONING: frozenset(
         {WorkerStatus.ACTIVE, WorkerStatus.INACTIVE, WorkerStatus.FAILED}
     ),
@@ -366,8 +367,8 @@ class WorkerTable:
         """Change ``a_w`` of several slots atomically (e.g. admit an expansion group at once).
 
         Allowed: inactive -> transitioning -> active, active -> transitioning -> inactive,
-        active -> inactive (urgent reclaim), and active or transitioning -> failed (the
-        process died) -> transitioning (restart) or inactive. A GPU is held by one slot at
+        active -> inactive (urgent reclaim), and any of them -> failed (the process died)
+        -> transitioning (restart) or inactive. A GPU is held by one slot at
         most that is neither inactive nor failed.
         """
         if not changes:

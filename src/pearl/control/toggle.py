@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pearl.control.interfaces import RolloutWorker, Trainer, TurnOutput, WorkerRole
 from pearl.control.rebuilder import InterScaleRebuilder
 from pearl.control.state import SlotId, WorkerStatus
+from pearl.errors import EngineStateError
 
 
 class IntraScaleToggleManager:
@@ -41,6 +42,7 @@ class IntraScaleToggleManager:
         self.borrowed = False
         self.rounds = 0
         self.skipped_by_gate = 0
+        self.replaced = 0  # overlap workers restarted after dying
         self.toggle_seconds: list[float] = []
 
     async def borrow(
@@ -55,11 +57,14 @@ class IntraScaleToggleManager:
         if self.gate is not None and not self.gate():
             self.skipped_by_gate += 1
             return False
+        snap = self.table.snapshot()
+        joining = sorted(s for s in self.overlap if snap.slot(s).status is WorkerStatus.INACTIVE)
+        if not joining:  # every overlap worker failed and is being replaced
+            return False
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await self.trainer.release_device()
         self.table.set_statuses({s: WorkerStatus.INACTIVE for s in self.training_slots})
-        joining = sorted(self.overlap)
         final = dict(
             roles_at_admission(sorted(set(self.rebuilder.workers) | set(joining)))
             if roles_at_admission
@@ -74,12 +79,17 @@ class IntraScaleToggleManager:
         self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in joining})
         version = self.trainer.weight_version
         # Restoring device state: weights come from the trainer's latest snapshot.
-        await asyncio.gather(
-            *(self.overlap[s].sync_weights(version, self.activate_s) for s in joining)
+        activated = await asyncio.gather(
+            *(self._activate(s, version) for s in joining), return_exceptions=True
         )
-        await asyncio.gather(*(self.overlap[s].restore_device() for s in joining))
+        for outcome in activated:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, EngineStateError):
+                raise outcome
+        # A worker that died while activating stays out (its failure handler replaces it).
+        joining = [s for s, o in zip(joining, activated, strict=True) if o is None]
         self.rebuilder.workers.update({s: self.overlap[s] for s in joining})
-        self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
+        if joining:
+            self.table.set_statuses({s: WorkerStatus.ACTIVE for s in joining})
         if final:
             await self.rebuilder.reassign(final)
         self.rebuilder.route_or_hold()
@@ -87,6 +97,28 @@ class IntraScaleToggleManager:
         self.rounds += 1
         self.toggle_seconds.append(loop.time() - t0)
         return True
+
+    async def _activate(self, slot_id: SlotId, version: int) -> None:
+        worker = self.overlap[slot_id]
+        await worker.sync_weights(version, self.activate_s)
+        await worker.restore_device()
+
+    def replace_failed(self, slot_id: SlotId) -> asyncio.Future:
+        """The overlap worker of ``slot_id`` died (its slot is marked failed and, if it was
+        serving, taken out): start a fresh process on the slot in the background, its device
+        state released, for the next borrowing round (rounds skip the slot until then)."""
+
+        async def replace() -> None:
+            dead = self.overlap[slot_id]
+            await self.rebuilder.factory.stop(slot_id, dead)
+            snap = self.table.snapshot()
+            worker = await self.rebuilder.factory.start(snap.slot(slot_id), WorkerRole.COLOCATED)
+            await worker.release_device()  # the trainer may be using the devices now
+            self.overlap[slot_id] = worker
+            self.replaced += 1
+            self.table.set_status(slot_id, WorkerStatus.INACTIVE)
+
+        return asyncio.ensure_future(replace())
 
     async def give_back(self, roles: Mapping[SlotId, WorkerRole] | None = None) -> list[TurnOutput]:
         """Before Training Begin: stop routing to the overlap workers, abort their turns
