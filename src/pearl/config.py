@@ -85,9 +85,20 @@ class SimSection(_Section):
     )
 
 
+def plain_run_name(cls, value: str | None) -> str | None:
+    """A run name is a folder name, never a path (validator shared by the run configs)."""
+    if value is not None and (not value or "/" in value or "\\" in value or value in (".", "..")):
+        raise ValueError(f"run_name must be a plain folder name, got {value!r}")
+    return value
+
+
 class LoggerSection(_Section):
     run_dir: str = Field("runs", description="parent folder of run folders")
-    run_name: str | None = Field(None, description="run folder name (default: a timestamp)")
+    run_name: str | None = Field(
+        None, description="run folder name (default: a timestamp and a random suffix)"
+    )
+
+    _plain_name = field_validator("run_name")(plain_run_name)
 
 
 class SimulateConfig(_Section):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from pearl.config import _Section, dump_config, load_config
+from pearl.config import _Section, dump_config, load_config, plain_run_name
 from pearl.errors import ConfigError, RunInterrupted
 
 
@@ -83,14 +82,7 @@ class TrainRunSection(_Section):
     run_dir: str = "runs"
     run_name: str | None = None
 
-    @field_validator("run_name")
-    @classmethod
-    def _plain_name(cls, value: str | None) -> str | None:
-        if value is not None and (
-            not value or "/" in value or "\\" in value or value in (".", "..")
-        ):
-            raise ValueError(f"run_name must be a plain folder name, got {value!r}")
-        return value
+    _plain_name = field_validator("run_name")(plain_run_name)
 
 
 class TrainClusterSection(_Section):
@@ -209,7 +201,7 @@ class TrainRun:
         from pearl.live.trainer import LiveTrainer, TrainerConfig
         from pearl.live.worker import ensure_ray
         from pearl.live.world import IterationFeed, LiveWorld, cpu_prior
-        from pearl.report.run_folder import RunFolder
+        from pearl.report.run_folder import RunFolder, default_run_name
 
         cfg = self.cfg
         policy = get_policy(cfg.cluster.policy)
@@ -223,7 +215,7 @@ class TrainRun:
                 f"this run needs {actors} Ray CPU slots (rollout workers, trainer, borrowed "
                 f"slot); the running Ray instance has {ray.cluster_resources().get('CPU', 0)}"
             )
-        name = cfg.run.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        name = cfg.run.run_name or default_run_name("train-")
         folder = RunFolder(cfg.run.run_dir, name)
         folder.write_config(dump_config(cfg))
         self.log(f"run folder: {folder.path}")

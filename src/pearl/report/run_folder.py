@@ -3,20 +3,48 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from pathlib import Path
 from typing import Any
 
+from pearl.errors import PearlError
+
+RUN_FILES = ("metrics.jsonl", "events.jsonl", "summary.json")
+
+
+class RunFolderError(PearlError, OSError):
+    """A run folder cannot be created or would overwrite another run's results."""
+
+
+def default_run_name(prefix: str = "") -> str:
+    """A timestamp plus a random suffix: two runs started in the same second differ."""
+    return f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
 
 class RunFolder:
-    """Creates the folder and writes the run's files; JSON lines are written in order."""
+    """Creates the folder and writes the run's files; JSON lines are written in order.
+    A folder that already holds a run's results is never reused (nothing is overwritten)."""
 
     def __init__(self, parent: str | Path, name: str | None = None) -> None:
-        name = name or time.strftime("%Y%m%d-%H%M%S")
-        self.path = Path(parent) / name
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._metrics = (self.path / "metrics.jsonl").open("w")
-        self._events = (self.path / "events.jsonl").open("w")
+        self.path = Path(parent) / (name or default_run_name())
+        taken = [f for f in RUN_FILES if (self.path / f).exists()]
+        if taken:
+            raise RunFolderError(
+                f"run folder {self.path} already holds a run ({', '.join(taken)}); choose "
+                f"another run name, or leave it unset for a fresh timestamped folder"
+            )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._metrics = (self.path / "metrics.jsonl").open("x")
+            self._events = (self.path / "events.jsonl").open("x")
+        except FileExistsError:  # another run took the name between the check and here
+            raise RunFolderError(f"run folder {self.path} was taken by another run") from None
+        except OSError as exc:
+            raise RunFolderError(
+                f"cannot write the run folder {self.path}: {exc.strerror or exc}; set the run "
+                f"directory to a writable folder"
+            ) from None
 
     def write_config(self, text: str) -> None:
         (self.path / "config.yaml").write_text(text)
