@@ -294,6 +294,28 @@ def test_kv_chunk_round_trips_through_bytes_without_pickle(tiny_config):
     assert again.token_ids == chunk.token_ids and np.array_equal(again.keys, chunk.keys)
     with pytest.raises(KVTransferError):
         KVChunk.from_bytes(b"garbage!" + b"\0" * 20)
+    data = chunk.to_bytes()
+    n = int.from_bytes(data[8:16], "little")
+    header = data[16 : 16 + n]
+    broken = {
+        "too short": data[:10],
+        "truncated": data[: 16 + n // 2],
+        "body": data[:-3],
+        "checksum": data[:-1] + bytes([data[-1] ^ 1]),  # one bit flipped in the body
+        "header": data[:16] + header.replace(b'"start"', b'"stort"') + data[16 + n :],
+        "malformed": data[:16] + b"{" + header[1:-1] + b"!" + data[16 + n :],
+    }
+    why = {
+        "too short": "too short",
+        "truncated": "truncated",
+        "body": "body has",
+        "checksum": "checksum",
+        "header": "malformed",
+        "malformed": "malformed",
+    }
+    for name, raw in broken.items():
+        with pytest.raises(KVTransferError, match=why[name]):
+            KVChunk.from_bytes(raw)
 
 
 def test_role_change_hand_back_returns_partials_and_drain_finishes_them(tiny_config):

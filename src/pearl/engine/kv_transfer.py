@@ -27,6 +27,13 @@ def token_digest(token_ids: Seq[int]) -> str:
     return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).hexdigest()
 
 
+def _body_digest(keys: bytes, values: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(keys)
+    h.update(values)
+    return h.hexdigest()
+
+
 @dataclass(slots=True, frozen=True)
 class KVChunk:
     """The KV of one session's tokens ``[start, end)`` and the facts needed to trust it."""
@@ -72,7 +79,10 @@ class KVChunk:
             )
 
     def to_bytes(self) -> bytes:
-        """Serialize without pickle: a JSON header followed by the raw arrays."""
+        """Serialize without pickle: a JSON header (with a checksum of the body) followed
+        by the raw arrays."""
+        keys = np.ascontiguousarray(self.keys).tobytes()
+        values = np.ascontiguousarray(self.values).tobytes()
         header = {
             "model_id": self.model_id,
             "dtype": self.dtype,
@@ -85,41 +95,57 @@ class KVChunk:
             "prefix_digest": self.prefix_digest,
             "shape": list(self.keys.shape),
             "array_dtype": str(self.keys.dtype),
+            "body_blake2b": _body_digest(keys, values),
         }
         raw = json.dumps(header).encode()
-        keys = np.ascontiguousarray(self.keys).tobytes()
-        values = np.ascontiguousarray(self.values).tobytes()
         return _MAGIC + struct.pack("<Q", len(raw)) + raw + keys + values
 
     @classmethod
     def from_bytes(cls, data: bytes) -> KVChunk:
-        if data[:8] != _MAGIC:
-            raise KVTransferError("not a PEARL KV chunk (bad magic bytes)")
+        """Parse :meth:`to_bytes`' format; any malformed, truncated or corrupted input
+        raises ``KVTransferError`` saying what is wrong."""
+        if len(data) < 16 or data[:8] != _MAGIC:
+            raise KVTransferError(
+                f"not a PEARL KV chunk ({'too short' if len(data) < 16 else 'bad magic bytes'})"
+            )
         (n,) = struct.unpack("<Q", data[8:16])
+        if 16 + n > len(data):
+            raise KVTransferError(f"KV chunk is truncated: header of {n} bytes, {len(data)} in all")
         try:
             header = json.loads(data[16 : 16 + n])
             shape = tuple(int(x) for x in header["shape"])
             dtype = np.dtype(header["array_dtype"])
+            fields = dict(
+                model_id=str(header["model_id"]),
+                dtype=str(header["dtype"]),
+                block_size=int(header["block_size"]),
+                weight_version=int(header["weight_version"]),
+                session_id=str(header["session_id"]),
+                start=int(header["start"]),
+                end=int(header["end"]),
+                token_ids=tuple(int(t) for t in header["token_ids"]),
+                prefix_digest=header["prefix_digest"],
+            )
+            digest = str(header["body_blake2b"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise KVTransferError(f"KV chunk header is malformed ({exc})") from exc
+            raise KVTransferError(
+                f"KV chunk header is malformed ({type(exc).__name__}: {exc})"
+            ) from None
+        if dtype.kind != "f" or any(d < 0 for d in shape):
+            raise KVTransferError(
+                f"KV chunk arrays must be floating point with non-negative dims, got "
+                f"{dtype} {shape}"
+            )
         size = int(np.prod(shape)) * dtype.itemsize
         body = data[16 + n :]
         if len(body) != 2 * size:
             raise KVTransferError(f"KV chunk body has {len(body)} bytes, header implies {2 * size}")
+        if _body_digest(body[:size], body[size:]) != digest:
+            raise KVTransferError(
+                "KV chunk body does not match its checksum (corrupted in transit)"
+            )
         keys = np.frombuffer(body[:size], dtype=dtype).reshape(shape)
         values = np.frombuffer(body[size:], dtype=dtype).reshape(shape)
-        chunk = cls(
-            model_id=header["model_id"],
-            dtype=header["dtype"],
-            block_size=int(header["block_size"]),
-            weight_version=int(header["weight_version"]),
-            session_id=header["session_id"],
-            start=int(header["start"]),
-            end=int(header["end"]),
-            token_ids=tuple(int(t) for t in header["token_ids"]),
-            prefix_digest=header["prefix_digest"],
-            keys=keys,
-            values=values,
-        )
+        chunk = cls(**fields, keys=keys, values=values)
         chunk.validate_shape()
         return chunk
