@@ -251,6 +251,19 @@ def test_bad_requests_get_clear_errors_and_the_engine_stays_usable(
     assert len(eng.generate([Request("ok", [1, 2, 3], GREEDY)])["ok"].token_ids) == 12
 
 
+def test_generate_with_one_bad_request_queues_none_of_them(tiny_config):
+    eng = make_engine(tiny_config)
+    good, bad = Request("good", [1, 2, 3], GREEDY), Request("bad", [1, 500], GREEDY)
+    with pytest.raises(RequestError, match="'bad'"):
+        eng.generate([good, bad])
+    assert not eng.has_unfinished()
+    outs = eng.generate([Request("next", [4, 5], GREEDY)])
+    assert list(outs) == ["next"]  # 'good' was not left queued to come back here
+    with pytest.raises(RequestError, match="already in flight"):  # duplicates in one call
+        eng.generate([Request("x", [1], GREEDY), Request("x", [2], GREEDY)])
+    assert not eng.has_unfinished()
+
+
 def test_kv_import_rejects_mismatches_and_changes_nothing(tiny_config):
     P = make_engine(tiny_config, role=Role.PREFILL)
     D = make_engine(tiny_config, role=Role.DECODE)

@@ -202,9 +202,17 @@ class LLMEngine:
         return outputs
 
     def generate(self, requests: list[Request]) -> dict[str, RequestOutput]:
-        """Add requests, run to completion, return outputs by request id."""
-        for r in requests:
-            self.add_request(r)
+        """Add requests, run to completion, return outputs by request id. If any request is
+        invalid none stays queued: the error names it and the engine is as before."""
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.add_request(r)
+                added.append(r.request_id)
+        except Exception:
+            for request_id in added:  # not yet scheduled: nothing computed is lost
+                self.scheduler.abort(request_id)
+            raise
         return {o.request_id: o for o in self.run()}
 
     def abort(self, request_id: str) -> RequestOutput | None:
