@@ -254,7 +254,7 @@ def test_index_naming_only_some_shards_reports_missing_tensors(folder: Path) -> 
 # -- load_state_dict is all-or-nothing --------------------------------------------------------
 
 
-@pytest.mark.parametrize("defect", ["wrong_shape", "missing", "unexpected"])
+@pytest.mark.parametrize("defect", ["wrong_shape", "missing", "unexpected", "nan", "inf"])
 def test_failed_load_state_dict_leaves_weights_unchanged(defect: str) -> None:
     model = build_model(make_cfg(), seed=1)
     before = params(model)
@@ -264,10 +264,14 @@ def test_failed_load_state_dict_leaves_weights_unchanged(defect: str) -> None:
         new[last] = torch.zeros(new[last].shape[0] + 1, *new[last].shape[1:])
     elif defect == "missing":
         del new[last]
+    elif defect in ("nan", "inf"):
+        new[last].view(-1)[3] = float(defect)
     else:
         new["model.layers.2.mlp.up_proj.weight"] = torch.zeros(1)
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError) as exc:
         load_state_dict(model, new)
+    if defect in ("nan", "inf"):
+        assert "1 non-finite values" in str(exc.value) and last in str(exc.value)
     after = params(model)
     for name in before:
         assert torch.equal(after[name], before[name]), name

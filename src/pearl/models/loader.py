@@ -49,7 +49,8 @@ def expected_tensor_shapes(model: DecoderForCausalLM) -> dict[str, tuple[int, ..
 def load_state_dict(
     model: DecoderForCausalLM, state: Mapping[str, torch.Tensor], source: str = "state dict"
 ) -> None:
-    """Copy ``state`` into ``model`` after checking names and shapes; nothing is changed on error."""
+    """Copy ``state`` into ``model`` after checking names, shapes and that every value is
+    finite; nothing is changed on error."""
     expected = expected_tensor_shapes(model)
     tied = model.config.tie_word_embeddings
     missing = [n for n in expected if n not in state and not (tied and n == "lm_head.weight")]
@@ -70,6 +71,15 @@ def load_state_dict(
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, the config implies {shape}"
             )
+    for name in expected:
+        tensor = state.get(name)
+        if tensor is not None and tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise CheckpointError(
+                    f"{source}: tensor {name!r} has {bad} non-finite values (NaN or inf); "
+                    f"such weights would serve garbage"
+                )
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, param in params.items():
