@@ -83,6 +83,13 @@ def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
     assert result.exit_code == 2 and "/nope.csv" in result.output
     result = CliRunner().invoke(app, ["simulate", "kind=batch"])
     assert result.exit_code == 2 and "rollout, rl" in result.output
+    for bad, why in [
+        ("rl.duration_s=inf", "finite"),
+        ("rl.duration_s=1e12", "less than or equal"),
+        ("workload.num_tasks=100000000", "less than or equal to 100000"),
+    ]:
+        result = CliRunner().invoke(app, ["simulate", "kind=rl", bad])
+        assert result.exit_code == 2 and why in result.output, (bad, result.output)
 
 
 def test_thinking_headline_config_runs_in_worker_processes(tmp_path):

@@ -56,10 +56,10 @@ class WorkloadSection(_Section):
         "swe", description="workload profile: swe, swe_thinking, swe_paper, gui, search, game, tiny"
     )
     num_tasks: int | None = Field(
-        None, ge=1, description="tasks per batch (default: the profile's)"
+        None, ge=1, le=100_000, description="tasks per batch (default: the profile's)"
     )
     group_size: int | None = Field(
-        None, ge=1, description="trajectories per task (default: the profile's)"
+        None, ge=1, le=1024, description="trajectories per task (default: the profile's)"
     )
     seed: int = Field(0, ge=0)
     trace: str | None = Field(
@@ -196,7 +196,9 @@ class RLClusterSection(_Section):
 
 
 class RLSection(_Section):
-    duration_s: float = Field(7200.0, gt=0, description="no rollout batch starts after this")
+    duration_s: float = Field(
+        7200.0, gt=0, le=1e8, allow_inf_nan=False, description="no rollout batch starts after this"
+    )
     max_staleness: int = Field(1, ge=0, description="steps a rollout's weights may lag")
     overlap_batches: bool = Field(
         False,

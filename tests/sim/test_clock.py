@@ -74,3 +74,23 @@ def test_many_short_sleeps_accumulate_exactly():
     assert loop.time() == pytest.approx(20.0)
     assert loop.timer_jumps == 20000
     loop.close()
+
+
+@pytest.mark.parametrize("start", [0.0, 1.7e7, 1e9])
+def test_the_clock_keeps_running_far_from_zero(start):
+    """Past 2^24 s a 1e-9 s timer tolerance vanished in rounding and the loop spun forever
+    on a timer due 'now'; long sleeps and many short ones at 1e9 s both finish."""
+    import signal
+
+    async def main():
+        await asyncio.sleep(2e7)
+        for _ in range(1000):
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.sleep(1e-12), 1.0)  # below the clock's step there
+
+    signal.alarm(30)  # a regression hangs: fail instead
+    try:
+        _, end = run_virtual(main, start=start)
+    finally:
+        signal.alarm(0)
+    assert end == pytest.approx(start + 2e7 + 10, rel=1e-12, abs=1e-6)

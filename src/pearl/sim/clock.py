@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import selectors
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -45,7 +46,9 @@ class _JumpingSelector(selectors.DefaultSelector):
                 "(a coroutine awaits something that can never happen); waiting tasks:\n"
                 + _waiting_tasks()
             )
-        self.now += timeout
+        # Far from 0 a tiny timeout can vanish in rounding (the float after 2e7 s is
+        # 4e-9 s away): always move forward, by at least one representable step.
+        self.now = max(self.now + timeout, math.nextafter(self.now, math.inf))
         self.jumps += 1
         return []
 
@@ -70,10 +73,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, start: float = 0.0) -> None:
         selector = _JumpingSelector()
         selector.now = float(start)
-        super().__init__(selector)
         self._virtual = selector
-        # Timers due within this tolerance of "now" fire; the clock is exact, so keep it tiny.
-        self._clock_resolution = 1e-9
+        super().__init__(selector)
+
+    # asyncio fires the timers due before ``time() + _clock_resolution``. A fixed 1e-9 s
+    # is lost in rounding once the clock passes ~1.7e7 s (2^24), and a timer due "now"
+    # then never fires: the loop spun forever. The tolerance is a few representable steps
+    # of the current time instead (1e-9 s near 0, 2.4e-7 s at 1e9 s).
+    @property
+    def _clock_resolution(self) -> float:
+        return max(1e-9, 4 * math.ulp(self._virtual.now))
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:
+        pass  # asyncio's own setting (the host clock's resolution) does not apply
 
     def time(self) -> float:
         return self._virtual.now
