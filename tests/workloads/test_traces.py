@@ -157,6 +157,12 @@ def test_non_utf8_file_is_a_trace_format_error(tmp_path):
         load_trace(path)
 
 
+def test_a_missing_or_directory_trace_is_one_clear_error(tmp_path):
+    for path, why in [(tmp_path / "nope.jsonl", "No such file"), (tmp_path, "directory")]:
+        with pytest.raises(TraceFormatError, match=f"cannot read the trace.*{why}"):
+            load_trace(path)
+
+
 def test_observation_window_round_trips_through_a_trace():
     import dataclasses
 

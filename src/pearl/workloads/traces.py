@@ -173,6 +173,11 @@ def load_trace(path: str | Path) -> RolloutBatch:
         raise TraceFormatError(
             f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
         ) from None
+    except OSError as exc:  # missing, a directory, unreadable
+        raise TraceFormatError(
+            f"{path}: cannot read the trace ({exc.strerror or exc}); workload.trace must name "
+            f"a JSONL rollout trace file"
+        ) from None
     return loads_trace(text, source=str(path))
 
 
