@@ -73,6 +73,60 @@ def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
     assert (run / "roles_1_segment2_pearl.svg").exists()
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["throughput_tokens_per_s"]["segment2"]) == {"roll", "rlboost", "pearl"}
+    assert summary["complete"] is True
+    kept = sorted(f.name for f in (run / "runs").iterdir())  # each run kept as it finished
+    assert kept == ["pearl@segment2.json", "rlboost@segment2.json", "roll@segment2.json"]
+
+
+def test_sigterm_stops_the_pool_and_keeps_the_finished_runs(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    pearl = str(Path(sys.executable).parent / "pearl")
+    args = headline_args("headline.yaml", tmp_path, "t", "processes=2", "rl.duration_s=1800")
+    proc = subprocess.Popen(
+        [pearl, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    runs = tmp_path / "t" / "runs"
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if runs.is_dir() and any(runs.iterdir()):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the experiment ended before it could be interrupted"
+        children = [int(x) for x in os.popen(f"pgrep -P {proc.pid}").read().split()]
+        assert children, "no pool workers"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "interrupted:" in err and str(runs) in err
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["runs"] == 21
+    assert sorted(f"{k}.json" for k in summary["finished"]) == sorted(
+        x.name for x in runs.iterdir()
+    )
+
+    def running(pid: int) -> bool:  # a zombie has ended (only its parent has not reaped it)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 15
+    while any(running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in children if running(pid)]
+    assert not alive, f"pool workers left running: {alive}"
 
 
 def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):

@@ -63,7 +63,7 @@ def simulate(
     availability segment, with a throughput table.
     """
     from pearl.config import load_simulate_config
-    from pearl.errors import PearlError
+    from pearl.errors import PearlError, RunInterrupted
 
     try:
         cfg = load_simulate_config(config, list(ctx.args))
@@ -75,6 +75,9 @@ def simulate(
             from pearl.sim.simulate import run_simulate
 
             outcome = run_simulate(cfg)
+    except RunInterrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=130) from None
     except (PearlError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

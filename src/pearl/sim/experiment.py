@@ -9,16 +9,19 @@ and ``table.md`` (throughput per policy and segment, ratios to ROLL and to RLBoo
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.decision import DecisionConfig
 from pearl.control.policies import PDMode, get_policy
-from pearl.errors import ConfigError
+from pearl.errors import ConfigError, RunInterrupted
 from pearl.report.run_folder import RunFolder
 from pearl.report.svg import Chart, Series, render
 from pearl.sim.rl import RLRunResult, RLSetting, run_policy
@@ -142,22 +145,42 @@ def run_experiment(
     jobs = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
     cfg_json = cfg.model_dump(mode="json")
     results: dict[tuple[str, str], dict] = {}
-    if cfg.processes == 1:
-        for p, s in jobs:
-            results[(p, s)] = _report(run_one(cfg_json, p, s), log)
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        # Longest runs first so the last process is not left alone with one: a fixed P:D
-        # split keeps every turn on the PD path (~2x the simulated events per turn).
-        order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
-        # A multiprocessing pool, not concurrent.futures: leaving the block on an error or
-        # Ctrl-C terminates the workers at once instead of waiting for their runs to end.
-        # One fresh process per run: a long run's memory (its steps' turn outputs) is
-        # returned to the system when it ends instead of piling up in a long-lived worker.
-        with ctx.Pool(min(cfg.processes, len(jobs)), maxtasksperchild=1) as pool:
-            args = [(cfg_json, p, s) for p, s in order]
-            for result in pool.imap_unordered(_run_one_job, args):
-                results[(result["policy"], result["segment"])] = _report(result, log)
+
+    def finished(result: dict) -> None:
+        """Keep a finished run at once (``runs/<policy>@<segment>.json``): an interrupted
+        experiment loses only the runs still going."""
+        results[(result["policy"], result["segment"])] = _report(result, log)
+        done = run.path / "runs"
+        done.mkdir(exist_ok=True)
+        name = f"{result['policy']}@{result['segment']}.json"
+        (done / name).write_text(json.dumps(result, sort_keys=True) + "\n")
+
+    try:
+        with _terminate_as_interrupt():
+            if cfg.processes == 1:
+                for p, s in jobs:
+                    finished(run_one(cfg_json, p, s))
+            else:
+                ctx = multiprocessing.get_context("spawn")
+                # Longest runs first so the last process is not left alone with one: a fixed
+                # P:D split keeps every turn on the PD path (~2x the simulated events per turn).
+                order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
+                # A multiprocessing pool, not concurrent.futures: leaving the block on an error
+                # or Ctrl-C terminates the workers at once instead of waiting for their runs.
+                # One fresh process per run: a long run's memory (its steps' turn outputs) is
+                # returned to the system when it ends instead of piling up in a long-lived worker.
+                with ctx.Pool(min(cfg.processes, len(jobs)), maxtasksperchild=1) as pool:
+                    args = [(cfg_json, p, s) for p, s in order]
+                    for result in pool.imap_unordered(_run_one_job, args):
+                        finished(result)
+    except KeyboardInterrupt:
+        keys = [f"{p}@{s}" for p, s in jobs if (p, s) in results]
+        run.summary({"complete": False, "finished": keys, "runs": len(jobs)})
+        run.close()
+        raise RunInterrupted(
+            f"interrupted: {len(keys)} of {len(jobs)} runs finished; their results are in "
+            f"{run.path / 'runs'}"
+        ) from None
     runs = [results[j] for j in jobs]  # config order, whatever order they finished in
     for r in runs:
         tag = {"policy": r["policy"], "segment": r["segment"]}
@@ -177,6 +200,7 @@ def run_experiment(
     wall = time.perf_counter() - start
     run.summary(
         {
+            "complete": True,
             "model": setting.cost.model.name,
             "workload": setting.profile.name,
             "throughput_tokens_per_s": {
@@ -197,6 +221,25 @@ def run_experiment(
     log("")
     log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes)")
     return ExperimentOutcome(str(run.path), runs, table, wall)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the experiment as Ctrl-C does (the pool's workers are terminated and
+    the finished runs kept), instead of killing this process and orphaning the workers."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _report(r: dict, log: Callable[[str], None]) -> dict:
