@@ -1,4 +1,4 @@
-"""Simulator sanity: what the cost model and simulator predict, next to SPEC.md's numbers.
+"""Simulator sanity: what the cost model and simulator predict, next to the paper's numbers (docs/paper.md).
 
 Nothing here is tuned to the paper; the point is to see where the untuned model lands.
 
@@ -61,7 +61,7 @@ QUICK_DEPLOYMENTS = ("8C", "2P6D", "3P5D", "4P4D", "5P3D")
 PER_GPU_BATCHES = (4, 8, 16, 32, 64)
 CONTEXTS = (8_192, 14_336, 20_480)
 
-# SPEC.md "The problem" 3 and 4 (data/pearl_paper_results.json, "motivation").
+# docs/paper.md "The problem" 3 and 4 (docs/paper.md).
 SPEC_DECODE_TOK_S_PER_GPU = 400.0
 SPEC_PREFILL_TOKEN_SHARE_PCT = 96.68
 SPEC_PREFILL_TIME_SHARE_PCT = 26.48

@@ -182,7 +182,7 @@ def test_same_seed_same_run():
 
 
 def test_roll_large_pool_is_the_segment_mean_rounded_to_workers():
-    # SPEC.md: ROLL-Large uses 14 / 10 / 12 rollout GPUs in segments 1 / 2 / 3.
+    # docs/paper.md: ROLL-Large uses 14 / 10 / 12 rollout GPUs in segments 1 / 2 / 3.
     large = get_policy("roll-large")
     gpus = [2 * large.pool_workers(4, 12, load_segment(name).mean(), tp=2) for name in SEGMENTS]
     assert gpus == [14, 10, 12]

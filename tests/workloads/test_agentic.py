@@ -116,7 +116,7 @@ def test_swe_defaults_match_the_spec_and_siblings_diverge():
 
 def test_swe_planned_turns_are_lognormal_25_with_mean_about_32():
     # Without the context cap the realized turns are the planned draw: median 25, sigma 0.75,
-    # clipped to [3, 100] -> mean ~31.9 (WORKLOADS.md: "mean ~33" before the clip).
+    # clipped to [3, 100] -> mean ~31.9 (docs/workloads.md: "mean ~33" before the clip).
     unbounded = dataclasses.replace(SWE, max_context_tokens=10**8)
     turns = np.array([t.num_turns for t in generate_batch(unbounded, 32, 16, seed=3).trajectories])
     assert 28 <= turns.mean() <= 36

@@ -36,7 +36,7 @@ from pearl.workloads.availability import AvailabilityTrace
 
 @dataclass(slots=True, frozen=True)
 class RLSetting:
-    """Everything a run shares across policies (SPEC.md "How it was evaluated" by default)."""
+    """Everything a run shares across policies (docs/paper.md "How it was evaluated" by default)."""
 
     cost: CostModel
     profile: AgenticProfile

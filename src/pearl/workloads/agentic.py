@@ -14,7 +14,7 @@ trajectories of the *same shape*: live generation runs with ``ignore_eos`` and
 turn); siblings of a group share the initial prompt token for token, and all tasks of
 a workload share the system/tool prefix, so prefix caching behaves as in real runs.
 
-Profile defaults cite the team's survey of published agentic workloads, WORKLOADS.md (its
+Profile defaults cite the team's survey of published agentic workloads, docs/workloads.md (its
 sources are named next to each value; "M" = measured in the source,
 "E" = estimate built on them); every one can be overridden with
 ``dataclasses.replace`` or :func:`profile_from_dict`.
@@ -648,10 +648,10 @@ class AgenticProfile:
 
 
 def _swe(thinking: bool = False) -> AgenticProfile:
-    # Every number below: WORKLOADS.md, section SWE, unless marked otherwise.
+    # Every number below: docs/workloads.md, section SWE, unless marked otherwise.
     return AgenticProfile(
         name="swe_thinking" if thinking else "swe",
-        # PEARL's evaluation (SPEC.md "How it was evaluated"): 32K max trajectory, G=16, batch 64.
+        # PEARL's evaluation (docs/paper.md "How it was evaluated"): 32K max trajectory, G=16, batch 64.
         max_context_tokens=32_768,
         group_size=16,
         num_tasks=4,
@@ -697,12 +697,12 @@ def _swe(thinking: bool = False) -> AgenticProfile:
         ),
         # E: reward evaluation LogNormal(30 s, 1.0), clipped at the 1,200 s test timeout (M: R2E-Gym).
         reward_latency_s=LogNormal(median=30.0, sigma=1.0, high=1_200.0),
-        description="SWE-bench-like coding agent (WORKLOADS.md SWE; PEARL's 32K / G16 / B64 setting)",
+        description="SWE-bench-like coding agent (docs/workloads.md SWE; PEARL's 32K / G16 / B64 setting)",
     )
 
 
 def _gui() -> AgenticProfile:
-    # Every number below: WORKLOADS.md, section GUI, unless marked otherwise.
+    # Every number below: docs/workloads.md, section GUI, unless marked otherwise.
     return AgenticProfile(
         name="gui",
         max_context_tokens=32_768,  # E: PEARL's setting; 15 steps x (2.7K + text) fit.
@@ -712,7 +712,7 @@ def _gui() -> AgenticProfile:
         turns=LogNormal(median=10, sigma=0.6),
         min_turns=1,
         max_turns=15,
-        # E (not in WORKLOADS.md): computer-use system prompt with the action space ~1K tokens;
+        # E (not in docs/workloads.md): computer-use system prompt with the action space ~1K tokens;
         # instruction LogNormal(median 60, sigma 0.5); the first screenshot joins the prompt.
         shared_prefix_tokens=1_024,
         task_prompt_tokens=LogNormal(median=60, sigma=0.5, low=1),
@@ -730,14 +730,14 @@ def _gui() -> AgenticProfile:
         env_latency_s=Uniform(1.0, 3.0),
         # E: VM reset Uniform(10, 60) s.
         env_setup_s=Uniform(10.0, 60.0),
-        # E (not in WORKLOADS.md): OSWorld evaluator scripts, a few seconds.
+        # E (not in docs/workloads.md): OSWorld evaluator scripts, a few seconds.
         reward_latency_s=LogNormal(median=5.0, sigma=0.7),
-        description="OSWorld-like computer-use agent (WORKLOADS.md GUI)",
+        description="OSWorld-like computer-use agent (docs/workloads.md GUI)",
     )
 
 
 def _search() -> AgenticProfile:
-    # Every number below: WORKLOADS.md, section Search, unless marked otherwise.
+    # Every number below: docs/workloads.md, section Search, unless marked otherwise.
     return AgenticProfile(
         name="search",
         # M: Search-R1 train_grpo.sh total 4,096 tokens, start prompt 2,048.
@@ -748,7 +748,7 @@ def _search() -> AgenticProfile:
         turns=Choice(values=(1, 2, 3, 4), weights=(0.10, 0.40, 0.35, 0.15)),
         min_turns=1,
         max_turns=4,
-        # E (not in WORKLOADS.md): Search-R1's instruction template ~150 tokens.
+        # E (not in docs/workloads.md): Search-R1's instruction template ~150 tokens.
         shared_prefix_tokens=150,
         # E: prompt LogNormal(median 250, sigma 0.4) in total; split as the shared 150 plus a
         # question LogNormal(100, 0.8), which keeps the total's median 250 and p10/p90 ~186/428
@@ -762,12 +762,12 @@ def _search() -> AgenticProfile:
         # E: retrieval LogNormal(median 30 ms, sigma 0.5).
         env_latency_s=LogNormal(median=0.03, sigma=0.5),
         # E: exact-match reward is computed in process: no setup, negligible reward time.
-        description="Search-R1-style retrieval QA (WORKLOADS.md Search)",
+        description="Search-R1-style retrieval QA (docs/workloads.md Search)",
     )
 
 
 def _game() -> AgenticProfile:
-    # Not in WORKLOADS.md: an estimate (E) of text games / multi-turn puzzles (Sokoban,
+    # Not in docs/workloads.md: an estimate (E) of text games / multi-turn puzzles (Sokoban,
     # FrozenLake, Wordle style), chosen to stress many short turns.
     return AgenticProfile(
         name="game",
@@ -857,7 +857,7 @@ def _swe_paper() -> AgenticProfile:
     return dataclasses.replace(
         base,
         name="swe_paper",
-        # E (WORKLOADS.md): turns LogNormal(sigma 0.75) capped at 100; the median is fitted.
+        # E (docs/workloads.md): turns LogNormal(sigma 0.75) capped at 100; the median is fitted.
         turns=LogNormal(median=SWE_PAPER_TURNS_MEDIAN, sigma=0.75),
         # M: coding agents generate ~523 tokens per step (tracelab): LogNormal(350, 0.9) has
         # mean 526. Qwen3's thinking precedes the action and is stripped from later turns,
@@ -867,7 +867,7 @@ def _swe_paper() -> AgenticProfile:
         # "Old environment output: (n lines omitted)" (~10 tokens): last_n_observations n=5.
         observation_window=5,
         collapsed_observation_tokens=10,
-        # E (WORKLOADS.md) tool, setup and reward latencies, all scaled by one factor fitted
+        # E (docs/workloads.md) tool, setup and reward latencies, all scaled by one factor fitted
         # to C5: the paper's sandboxes are faster than the suggested distributions.
         env_overhead_s=base.env_overhead_s * scale,
         env_latency_s=base.env_latency_s.scaled(scale),

@@ -388,7 +388,7 @@ class Segment:
     description: str
     reference_mean_with_reserved: float  # mean rollout GPUs with reserved_gpus added (README)
     reference_changes: int  # value changes strictly after the window's start (README)
-    reserved_gpus: int = 4  # PEARL's reserved rollout GPUs (SPEC.md "How it was evaluated")
+    reserved_gpus: int = 4  # PEARL's reserved rollout GPUs (docs/paper.md "How it was evaluated")
 
 
 _G4DN_1C = "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv"
