@@ -264,6 +264,26 @@ def test_generate_with_one_bad_request_queues_none_of_them(tiny_config):
     assert not eng.has_unfinished()
 
 
+def test_engines_of_different_weights_have_different_model_ids(tiny_config, tmp_path):
+    """KV moves only between engines of the same weights: a same-named folder holding
+    other weights (or another random seed) is a different model."""
+    from pearl.models.loader import build_model, save_model
+
+    a = LLMEngine.from_model_config(tiny_config, seed=0)
+    assert LLMEngine.from_model_config(tiny_config, seed=0).model_id == a.model_id
+    assert LLMEngine.from_model_config(tiny_config, seed=1).model_id != a.model_id
+    ids = []
+    for seed in (0, 1):
+        folder = tmp_path / f"run{seed}" / "model"  # same folder name, other weights
+        save_model(build_model(tiny_config, seed=seed), folder)
+        ids.append(LLMEngine.from_folder(folder).model_id)
+    assert ids[0] != ids[1] and ids[0] == a.model_id  # the weights, not where they came from
+    P = LLMEngine.from_folder(tmp_path / "run1" / "model", EngineConfig(role=Role.PREFILL))
+    P.generate([Request("p", [1, 2, 3, 4, 5], GREEDY, session_id="s")])
+    with pytest.raises(KVTransferError, match="for model"):
+        a.import_kv(P.export_kv("s"))
+
+
 def test_kv_import_rejects_mismatches_and_changes_nothing(tiny_config):
     P = make_engine(tiny_config, role=Role.PREFILL)
     D = make_engine(tiny_config, role=Role.DECODE)
@@ -275,6 +295,7 @@ def test_kv_import_rejects_mismatches_and_changes_nothing(tiny_config):
         "version": dataclasses.replace(good, weight_version=9),
         "dtype": dataclasses.replace(good, dtype="bfloat16"),
         "starts": dataclasses.replace(good, start=4, end=24),
+        "vocabulary": dataclasses.replace(good, token_ids=(10**6,) + good.token_ids[1:]),
     }
     for name, chunk in bad_cases.items():
         with pytest.raises(KVTransferError):

@@ -65,9 +65,20 @@ class EngineStats:
     asleep: bool = False
 
 
-def config_model_id(cfg: ModelConfig) -> str:
-    digest = hashlib.sha256(json.dumps(cfg.to_hf_dict(), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{cfg.model_type}-{digest}"
+def model_fingerprint(model: DecoderForCausalLM, samples: int = 64) -> str:
+    """Identifies a model by its config and its weights: every parameter's name, shape and
+    ``samples`` values spread over it (two checkpoints that differ anywhere in training
+    differ there; hashing all of a model's bytes would take seconds per worker start)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(json.dumps(model.config.to_hf_dict(), sort_keys=True).encode())
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            flat = param.detach().reshape(-1)
+            h.update(f"{name}:{tuple(param.shape)}".encode())
+            if flat.numel():
+                index = torch.linspace(0, flat.numel() - 1, min(samples, flat.numel())).long()
+                h.update(flat[index].to(torch.float64).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 class LLMEngine:
@@ -83,7 +94,9 @@ class LLMEngine:
         config = config or EngineConfig()
         self.config = config
         self.model_config = model.config
-        self.model_id = config.model_id or config_model_id(model.config)
+        # KV is exchanged only between engines of the same model: the same config and the
+        # same initial weights (a folder name alone would match different checkpoints).
+        self.model_id = config.model_id or f"{model.config.model_type}-{model_fingerprint(model)}"
         self.device = torch.device(config.device)
         self.clock = clock
         self.weight_version = weight_version
@@ -129,9 +142,6 @@ class LLMEngine:
     @classmethod
     def from_folder(cls, folder: str | Path, config: EngineConfig | None = None, **kw) -> LLMEngine:
         """An engine over a Hugging Face model folder (config.json + *.safetensors)."""
-        config = config or EngineConfig()
-        if config.model_id is None:
-            config.model_id = Path(folder).resolve().name
         return cls(load_model(folder), config, **kw)
 
     @property
@@ -290,6 +300,12 @@ class LLMEngine:
         if chunk.keys.shape != expected:
             raise KVTransferError(
                 f"KV chunk of session {sid!r} has shape {chunk.keys.shape}, expected {expected}"
+            )
+        bad = next((t for t in chunk.token_ids if not 0 <= t < cfg.vocab_size), None)
+        if bad is not None:
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} holds token id {bad}, outside the vocabulary "
+                f"[0, {cfg.vocab_size})"
             )
         if chunk.end >= self.scheduler.config.max_model_len:
             raise KVTransferError(
