@@ -137,6 +137,10 @@ def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
     assert result.exit_code == 2 and "/nope.csv" in result.output
     result = CliRunner().invoke(app, ["simulate", "kind=batch"])
     assert result.exit_code == 2 and "rollout, rl" in result.output
+    result = CliRunner().invoke(app, ["simulate", "rl.duration_s=60"])  # forgot kind=rl
+    assert result.exit_code == 2 and "add kind=rl" in result.output
+    result = CliRunner().invoke(app, ["simulate", "--help"])
+    assert "workload.num_tasks" in result.output and "rl.duration_s" in result.output
     for bad, why in [
         ("rl.duration_s=inf", "finite"),
         ("rl.duration_s=1e12", "less than or equal"),

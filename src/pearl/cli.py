@@ -49,7 +49,36 @@ def demo(
         raise typer.Exit(code=1)
 
 
-@app.command(context_settings={"allow_extra_args": True})
+def _config_keys(fields: dict) -> str:
+    """``section.key`` names of a config model's ``model_fields``, for --help."""
+    from pydantic import BaseModel
+
+    keys = []
+    for name, field in fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            keys += [f"{name}.{sub}" for sub in kind.model_fields]
+        else:
+            keys.append(name)
+    return ", ".join(keys)
+
+
+def _simulate_help() -> str:
+    from pearl.config import RLExperimentConfig, SimulateConfig
+
+    rollout = SimulateConfig.model_fields
+    rl_only = {k: v for k, v in RLExperimentConfig.model_fields.items() if k not in rollout}
+    return (
+        "Simulate a cluster; extra args are key=value overrides.\n\n"
+        "kind: rollout (default): one rollout batch on fixed deployments. "
+        "kind: rl (e.g. configs/headline.yaml): whole RL runs of every policy on every "
+        "availability segment, with a throughput table.\n\n"
+        f"Keys (kind: rollout): {_config_keys(rollout)}.\n\n"
+        f"Also with kind=rl: {_config_keys(rl_only)}."
+    )
+
+
+@app.command(context_settings={"allow_extra_args": True}, help=_simulate_help())
 def simulate(
     ctx: typer.Context,
     config: str | None = typer.Option(

@@ -289,4 +289,16 @@ def load_simulate_config(path: str | Path | None, overrides: list[str] | None = 
     models = {"rollout": SimulateConfig, "rl": RLExperimentConfig}
     if kind not in models:
         raise ConfigError(f"kind: {kind!r} is not one of {', '.join(models)}")
+    if kind == "rollout":
+        # Sections only an RL experiment has: say which kind takes them.
+        rl_only = sorted(
+            set(raw) & (set(RLExperimentConfig.model_fields) - set(SimulateConfig.model_fields))
+        )
+        if rl_only:
+            raise ConfigError(
+                f"{', '.join(rl_only)}: only RL experiments take "
+                f"{'this key' if len(rl_only) == 1 else 'these keys'}; add kind=rl (a "
+                f"'kind: rl' config such as configs/headline.yaml), or leave them out for one "
+                f"rollout batch (kind: rollout)"
+            )
     return load_config(models[kind], path, overrides)
