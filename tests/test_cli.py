@@ -246,3 +246,27 @@ def test_calibrate_rejects_bad_cases_before_calibrating(tmp_path, cases):
     assert result.exit_code == 2
     assert "use all, or a comma list of indices 0-7" in result.output
     assert not (tmp_path / "cpu.yaml").exists()  # nothing was calibrated
+
+
+def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_path):
+    import json
+
+    csv = tmp_path / "late.csv"
+    csv.write_text("time_s,available\n20,4\n40,2\n")
+    args = headline_args(
+        "headline.yaml",
+        tmp_path,
+        "w",
+        f"elastic.segments=[{csv}]",
+        "policies=[rlboost]",
+        "processes=1",
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "starts at 20 s, not 0" in result.output and "before rl.duration_s 60 s" in result.output
+    run = tmp_path / "w"
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "warning" for e in events) == 2
+    assert len(json.loads((run / "summary.json").read_text())["warnings"]) == 2
+    (kept,) = (run / "runs").iterdir()  # a CSV path as the segment: a flat file name
+    assert kept.name.startswith("rlboost@") and kept.name.endswith("late.csv.json")

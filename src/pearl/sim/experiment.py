@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,26 @@ def load_trace(name: str) -> AvailabilityTrace:
             f"({', '.join(SEGMENTS)}) nor an availability CSV file"
         )
     return load_availability(name)
+
+
+def trace_warnings(name: str, trace: AvailabilityTrace, duration_s: float) -> list[str]:
+    """What a run should know about an availability trace it replays: one that does not
+    start at 0 (its times are seconds from the run's start, so its first value holds until
+    its first change) or ends before the run (its last value then holds to the end)."""
+    out = []
+    first = trace.times_s[0]
+    if first != 0:
+        out.append(
+            f"availability trace {name!r} starts at {first:g} s, not 0: its times count from "
+            f"the run's start, so its first value ({trace.values[0]}) holds until "
+            f"{trace.times_s[1] if len(trace.times_s) > 1 else trace.end_s:g} s"
+        )
+    if trace.end_s < duration_s:
+        out.append(
+            f"availability trace {name!r} ends at {trace.end_s:g} s, before rl.duration_s "
+            f"{duration_s:g} s; its last value ({trace.values[-1]}) holds for the rest"
+        )
+    return out
 
 
 def build_setting(cfg: RLExperimentConfig) -> RLSetting:
@@ -128,11 +149,15 @@ def run_experiment(
     cfg: RLExperimentConfig, log: Callable[[str], None] = print
 ) -> ExperimentOutcome:
     start = time.perf_counter()
+    warnings = []
     for name in cfg.elastic.segments:  # fail fast on a bad trace, before any run starts
-        load_trace(name)
+        warnings += trace_warnings(name, load_trace(name), cfg.rl.duration_s)
     setting = build_setting(cfg)
     run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
     run.write_config(dump_config(cfg))
+    for warning in warnings:
+        log(f"warning: {warning}")
+        run.event({"kind": "warning", "message": warning})
     log(
         f"{setting.cost.model.name} TP{setting.cost.tp} {setting.cost.gpu.name}; "
         f"{setting.training_gpus} training + {setting.reserved_gpus} reserved + up to "
@@ -152,7 +177,9 @@ def run_experiment(
         results[(result["policy"], result["segment"])] = _report(result, log)
         done = run.path / "runs"
         done.mkdir(exist_ok=True)
-        name = f"{result['policy']}@{result['segment']}.json"
+        # A segment may be a CSV path: keep the file name flat.
+        segment = re.sub(r"[^A-Za-z0-9._-]+", "_", result["segment"]).strip("_")
+        name = f"{result['policy']}@{segment}.json"
         (done / name).write_text(json.dumps(result, sort_keys=True) + "\n")
 
     try:
@@ -201,6 +228,7 @@ def run_experiment(
     run.summary(
         {
             "complete": True,
+            "warnings": warnings,
             "model": setting.cost.model.name,
             "workload": setting.profile.name,
             "throughput_tokens_per_s": {
