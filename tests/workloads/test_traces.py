@@ -175,3 +175,18 @@ def test_observation_window_round_trips_through_a_trace():
     batch = generate_batch(profile, 1, 2, seed=0)
     again = loads_trace(dumps_trace(batch))
     assert again.trajectories == batch.trajectories
+
+
+def test_a_trajectory_beyond_the_engines_length_is_rejected_with_its_line(tmp_path, batch):
+    path = tmp_path / "long.jsonl"
+    save_trace(batch, path)
+    peaks = [t.peak_context_tokens for t in batch.trajectories]
+    limit = sorted(peaks)[-1]  # the longest trajectory reaches it: rejected, the rest fit
+    with pytest.raises(
+        TraceFormatError, match=r"long\.jsonl:\d+: field turns: .*max_model_len is"
+    ) as exc:
+        load_trace(path, max_model_len=limit)
+    line = int(str(exc.value).split(".jsonl:", 1)[1].split(":", 1)[0])
+    record = json.loads(path.read_text().splitlines()[line - 1])
+    assert "turns" in record  # the line of the offending trajectory, not the header
+    assert load_trace(path, max_model_len=limit + 1).num_trajectories == len(peaks)

@@ -41,7 +41,7 @@ def build_batch(cfg: SimulateConfig) -> RolloutBatch:
     if w.trace:
         from pearl.workloads.traces import load_trace
 
-        return load_trace(w.trace)
+        return load_trace(w.trace, max_model_len=engine_config(cfg.sim).max_model_len)
     return generate_batch(
         get_profile(w.profile), num_tasks=w.num_tasks, group_size=w.group_size, seed=w.seed
     )

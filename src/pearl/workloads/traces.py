@@ -164,8 +164,9 @@ def save_trace(
     Path(path).write_text(dumps_trace(batch, max_context_tokens), encoding="utf-8")
 
 
-def load_trace(path: str | Path) -> RolloutBatch:
-    """Read and validate a JSONL rollout trace; raises TraceFormatError with file:line: field."""
+def load_trace(path: str | Path, max_model_len: int | None = None) -> RolloutBatch:
+    """Read and validate a JSONL rollout trace; raises TraceFormatError with file:line: field
+    (also for a trajectory that reaches ``max_model_len`` tokens, which no engine runs)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -178,10 +179,12 @@ def load_trace(path: str | Path) -> RolloutBatch:
             f"{path}: cannot read the trace ({exc.strerror or exc}); workload.trace must name "
             f"a JSONL rollout trace file"
         ) from None
-    return loads_trace(text, source=str(path))
+    return loads_trace(text, source=str(path), max_model_len=max_model_len)
 
 
-def loads_trace(text: str, source: str = "<string>") -> RolloutBatch:
+def loads_trace(
+    text: str, source: str = "<string>", max_model_len: int | None = None
+) -> RolloutBatch:
     """Parse JSONL text into a RolloutBatch; ``source`` names the file in error messages."""
     header: _Header | None = None
     header_line = 0
@@ -230,6 +233,14 @@ def loads_trace(text: str, source: str = "<string>") -> RolloutBatch:
                 "turns",
                 f"the trajectory reaches {traj.peak_context_tokens} tokens, over the header's "
                 f"max_context_tokens {header.max_context_tokens} (line {header_line})",
+            )
+        if max_model_len is not None and traj.peak_context_tokens >= max_model_len:
+            raise _fail(
+                source,
+                number,
+                "turns",
+                f"the trajectory reaches {traj.peak_context_tokens} tokens; the engine's "
+                f"max_model_len is {max_model_len} (sim.max_model_len): raise it or shorten the turn",
             )
         by_task.setdefault(traj.task_id, []).append((number, traj))
     if header is None:
