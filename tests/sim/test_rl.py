@@ -101,9 +101,17 @@ def test_invariants_hold_on_random_availability_traces(
     """Invariants checked during the run (check_invariants): no turn reaches a worker not
     active in the role it is sent for; training never starts while a borrowed GPU serves.
     After it: every trajectory completes once, no token lost, staleness bounded."""
+    run_random_case(policy, trace_seed, model, interval, seed, overlap, trace_s=400.0)
+
+
+def run_random_case(
+    policy, trace_seed, model, interval, seed, overlap, trace_s, run_s=150.0
+) -> int:
+    """One random availability trace of ``trace_s`` under one policy for ``run_s``, checked;
+    returns the trace's events."""
     trace = synthetic_availability(
         SyntheticAvailability(
-            duration_s=400.0,
+            duration_s=trace_s,
             max_available=8,
             mean_change_interval_s=interval,
             model=model,
@@ -112,12 +120,40 @@ def test_invariants_hold_on_random_availability_traces(
         ),
         seed=trace_seed,
     )
-    s = setting(seed=seed, overlap_batches=overlap)
+    s = setting(duration_s=run_s, seed=seed, overlap_batches=overlap)
     decider = None
     if policy == "alternating":
         policy, decider = "pearl-ungated", AlternatingDecider(get_policy("pearl-ungated"))
     result = run_policy(s, get_policy(policy), trace, decider=decider)
     check_run(result, s)
+    return len(trace.changes())
+
+
+@pytest.mark.slow
+def test_invariants_hold_at_scale():
+    """The same checks on 120 random (not derandomized) 1,200 s runs on traces with changes
+    every 5-60 s: thousands of availability events, with borrowing and mode switches."""
+    events: list[int] = []
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        policy=st.sampled_from([*POLICIES, "alternating"]),
+        trace_seed=st.integers(0, 10**6),
+        model=st.sampled_from(list(ChangeModel)),
+        interval=st.floats(5.0, 60.0),
+        seed=st.integers(0, 7),
+        overlap=st.booleans(),
+    )
+    def case(policy, trace_seed, model, interval, seed, overlap):
+        events.append(
+            run_random_case(
+                policy, trace_seed, model, interval, seed, overlap, trace_s=1200.0, run_s=1200.0
+            )
+        )
+
+    case()
+    print(f"{len(events)} runs, {sum(events)} availability events, no invariant broken")
+    assert len(events) >= 100 and sum(events) >= 2000
 
 
 def test_mode_switches_mid_run_lose_nothing():
