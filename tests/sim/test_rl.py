@@ -108,7 +108,7 @@ def run_random_case(
     policy, trace_seed, model, interval, seed, overlap, trace_s, run_s=150.0
 ) -> int:
     """One random availability trace of ``trace_s`` under one policy for ``run_s``, checked;
-    returns the trace's events."""
+    returns how many availability changes the run replayed."""
     trace = synthetic_availability(
         SyntheticAvailability(
             duration_s=trace_s,
@@ -126,16 +126,16 @@ def run_random_case(
         policy, decider = "pearl-ungated", AlternatingDecider(get_policy("pearl-ungated"))
     result = run_policy(s, get_policy(policy), trace, decider=decider)
     check_run(result, s)
-    return len(trace.changes())
+    return sum(t < run_s for t, _ in trace.changes())  # the events the run replayed
 
 
 @pytest.mark.slow
 def test_invariants_hold_at_scale():
-    """The same checks on 120 random (not derandomized) 1,200 s runs on traces with changes
+    """The same checks on 60 random (not derandomized) 600 s runs on traces with changes
     every 5-60 s: thousands of availability events, with borrowing and mode switches."""
     events: list[int] = []
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(
         policy=st.sampled_from([*POLICIES, "alternating"]),
         trace_seed=st.integers(0, 10**6),
@@ -147,13 +147,13 @@ def test_invariants_hold_at_scale():
     def case(policy, trace_seed, model, interval, seed, overlap):
         events.append(
             run_random_case(
-                policy, trace_seed, model, interval, seed, overlap, trace_s=1200.0, run_s=1200.0
+                policy, trace_seed, model, interval, seed, overlap, trace_s=600.0, run_s=600.0
             )
         )
 
     case()
     print(f"{len(events)} runs, {sum(events)} availability events, no invariant broken")
-    assert len(events) >= 100 and sum(events) >= 2000
+    assert len(events) >= 50 and sum(events) >= 1000
 
 
 def test_mode_switches_mid_run_lose_nothing():
