@@ -179,6 +179,11 @@ class ControlPlane:
             self.decider = decider
             decider.tracker, decider.log = self.tracker, log
         self.pipeline: PipelineScheduler | None = None
+
+        def progress() -> tuple[int, int]:
+            assert self.pipeline is not None  # attached before the run starts
+            return self.pipeline.borrow_window()
+
         self.elastic = ElasticScheduler(
             self.rebuilder,
             self.reserved,
@@ -188,7 +193,7 @@ class ControlPlane:
             decider=self.decider,
             toggle=self.toggle,
             tracker=self.tracker,
-            progress=lambda: self.pipeline.borrow_window(),
+            progress=progress,
             log=log,
         )
 

@@ -67,7 +67,7 @@ class WorkloadParams:
                 "kv_capacity_bytes_per_worker",
                 "batch_trajectories",
             )
-            if positive and not value > 0:
+            if positive and value <= 0:  # NaN was rejected above
                 raise DecisionError(f"WorkloadParams.{f.name} must be > 0, got {value!r}")
             if value < 0:
                 raise DecisionError(f"WorkloadParams.{f.name} must be >= 0, got {value!r}")
@@ -359,6 +359,7 @@ def decide(
             return pick(best, DecisionReason.FORCED)
         return pick(anchor, DecisionReason.FORCED)
 
+    assert current is not None  # the incumbent is the current topology
     # Options the thresholds admit; the lowest predicted makespan wins, KEEP on ties.
     options = [(incumbent, DecisionReason.KEEP)]
     same_mode = [c for c in feasible if c.topology.mode is current.mode]

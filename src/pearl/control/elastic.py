@@ -243,6 +243,7 @@ class ElasticScheduler:
                 self.log({"kind": "failure", "slot": slot_id, "roles": None})
                 self.table.set_status(slot_id, WorkerStatus.FAILED)
             if overlap:
+                assert self.toggle is not None
                 self.log({"kind": "restart", "slot": slot_id, "role": "overlap"})
                 self._replacements.add(self.toggle.replace_failed(slot_id))
                 return
@@ -326,6 +327,7 @@ class ElasticScheduler:
         """``(R/B) * (T_ded - T_full) > T_toggle`` from the refitted model. Before the first
         refit nothing can be predicted: borrow only if the window is a whole batch (the
         start of the run, when the trainer idles until the first batch is rolled out)."""
+        assert self.toggle is not None  # only asked when borrowing is possible
         n_ded = len(set(self.rebuilder.workers) - set(self.toggle.overlap))
         t_ded = self.decider.best_makespan(n_ded)
         t_full = self.decider.best_makespan(n_ded + len(self.toggle.overlap))

@@ -153,14 +153,15 @@ class PipelineScheduler:
         deadline = self.config.deadline_s
         for i in range(self.config.num_steps):
             needed = i - self.config.max_staleness
-            async with self._changed:
-                await self._changed.wait_for(
-                    # Trained is not enough: the rollout workers must have the weights.
-                    lambda needed=needed: (
-                        self.synced_version >= needed
-                        and (self.config.overlap_batches or not self._rolling)
-                    )
+
+            def may_start(needed: int = needed) -> bool:
+                # Trained is not enough: the rollout workers must have the weights.
+                return self.synced_version >= needed and (
+                    self.config.overlap_batches or not self._rolling
                 )
+
+            async with self._changed:
+                await self._changed.wait_for(may_start)
             if deadline is not None and self.clock.now() - self.started_at >= deadline:
                 break
             rec = StepRecord(i)
@@ -202,6 +203,7 @@ class PipelineScheduler:
             del self.unfinished[i]
             rec = self.records[i]
             result = rec.result
+            assert result is not None  # set by _roll_out
             tokens = sum(t.context_tokens for t in result.trajectories)
             batch = TrainBatch(
                 step=i,

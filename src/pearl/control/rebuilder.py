@@ -139,7 +139,9 @@ class InterScaleRebuilder:
                     await self.factory.stop(slot_id, r)
             self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
             return False
-        handles = dict(zip(joining, results, strict=True))
+        handles = {
+            s: r for s, r in zip(joining, results, strict=True) if not isinstance(r, BaseException)
+        }  # every one of them (none failed)
         # Lazy weight propagation: the newest snapshot, once the workers are up.
         version = self.weight_version()
         seconds = self.sync_seconds(len(handles))

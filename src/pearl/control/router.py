@@ -200,6 +200,7 @@ class Router:
                 # exactly the tokens it lacks.
                 end = len(turn.token_ids)
                 held = await d.match_session(turn.session_id, turn.token_ids)
+                assert self.kv_mover is not None  # set_topology refuses prefill workers without one
                 moved, seconds = await self.kv_mover.move(
                     p, d, turn.session_id, turn.token_ids, held, end
                 )
@@ -242,6 +243,7 @@ class Router:
                 low, high = RETRY_BACKOFF_S
                 await asyncio.sleep(min(high, low * 2 ** min(waits, 16), deadline - loop.time()))
                 waits += 1
+        assert moved is not None and seconds is not None  # the move precedes the decode
         t = rest.telemetry
         t.submitted_at = first.telemetry.submitted_at
         t.first_token_at = first.telemetry.first_token_at

@@ -483,6 +483,7 @@ def profile_engine(
             sample = _time_shape(prober, shape, repeats, clock)
             samples.append(sample)
             if log is not None:
+                assert sample.cpu_seconds is not None  # _time_shape measures both clocks
                 log(
                     f"[{i + 1}/{len(grid.shapes)}] {shape.describe():<30} "
                     f"{1e3 * sample.seconds:8.2f} ms wall {1e3 * sample.cpu_seconds:8.2f} ms cpu"

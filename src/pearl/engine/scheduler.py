@@ -270,7 +270,7 @@ class Scheduler:
         cfg = self.config
         out = SchedulerOutput()
         scheduled: set[int] = set()
-        self._preempted_now: set[int] = set()
+        self._preempted_now = set()
         budget = cfg.max_num_batched_tokens
         role = cfg.role
 
@@ -405,11 +405,13 @@ class Scheduler:
         if pinned is not None and seq.attach_hint is None:
             # Keeps all of it for an append; for an edited context the block-aligned common
             # prefix (what the prefix cache would find, without hashing every block again).
+            assert seq.session_id is not None  # it has a pinned session
             kept = self.match_session(seq.session_id, seq.token_ids)
             if 0 < kept < seq.num_tokens:
                 seq.attach_hint = (pinned, kept)
         held = self._attachable_length(seq)
         if held:
+            assert seq.session_id is not None  # held KV is a pinned session's
             pinned = self.sessions.pop(seq.session_id)
             seq.block_table = pinned.block_table
             seq.num_hashed_blocks = pinned.num_hashed_blocks
@@ -554,15 +556,16 @@ class Scheduler:
         token_ids: Sequence_[int],
         prefix: str | Sequence_[int],
         now: float = 0.0,
-    ) -> tuple[Sequence, int]:
+    ) -> tuple[Sequence | None, int]:
         """Extend the pinned KV of ``session_id`` with tokens ``[start, start + len(token_ids))``
         computed elsewhere; reserve their blocks and mark them computed. ``prefix`` is the
         tokens ``[0, start)`` the chunk continues, or their ``token_digest``.
 
-        Returns the pinned sequence and how many leading tokens of the chunk were
-        already held (their KV is kept). The caller writes the KV of the rest. Raises
-        ``KVPrefixMismatch`` if the chunk does not continue what is held (``match_session``
-        first), ``KVOutOfMemory`` if its blocks do not fit now; either way nothing changes.
+        Returns the pinned sequence (``None`` for an empty chunk of a session not held) and
+        how many leading tokens of the chunk were already held (their KV is kept). The
+        caller writes the KV of the rest. Raises ``KVPrefixMismatch`` if the chunk does not
+        continue what is held (``match_session`` first), ``KVOutOfMemory`` if its blocks do
+        not fit now; either way nothing changes.
         """
         if any(s.session_id == session_id for s in self._in_flight()):
             raise KVTransferError(
