@@ -44,6 +44,8 @@ def headline_args(config: str, tmp_path, name: str, *overrides: str) -> list[str
 def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
     import json
 
+    from reportparse import parse_report
+
     args = headline_args(
         "headline.yaml",
         tmp_path,
@@ -57,11 +59,8 @@ def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
     run = tmp_path / "h"
     table, times, steps = (run / "table.md").read_text().split("\n\n")[:3]
     assert "| idle_env |" in times and "| roles at start |" in steps
-    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == [
-        "roll",
-        "rlboost",
-        "pearl",
-    ]
+    names = [[c.strip() for c in line.split("|")[1:3]] for line in table.splitlines()[2:]]
+    assert names == [["ROLL", "roll"], ["RLBoost+", "rlboost"], ["PEARL", "pearl"]]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {m["policy"] for m in metrics} == {"roll", "rlboost", "pearl"}
     assert all(m["performance/tokens_per_sec"] > 0 for m in metrics)
@@ -69,8 +68,13 @@ def test_headline_experiment_runs_every_policy_and_writes_the_table(tmp_path):
     assert any(e["kind"] == "roles" for e in events)
     assert any(e["kind"] == "start" for e in events)
     assert any(e["kind"] == "budget" for e in events)
-    assert (run / "throughput_1_segment2.svg").read_text().count("<polyline") == 3
-    assert (run / "roles_1_segment2_pearl.svg").exists()
+    for figure in ("throughput", "roles", "time", "decisions"):
+        assert (run / f"{figure}_1_segment2.png").read_bytes()[:4] == b"\x89PNG"
+        assert "<svg" in (run / f"{figure}_1_segment2.svg").read_text()
+    page = parse_report(run / "report.html")
+    assert "RLBoost+" in page.text and len(page.tables) == 3
+    assert len(page.images) == 4  # every figure embedded, none linked from outside
+    assert {"metrics.jsonl", "events.jsonl", "summary.json", "table.md"} <= set(page.links)
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["throughput_tokens_per_s"]["segment2"]) == {"roll", "rlboost", "pearl"}
     assert summary["complete"] is True

@@ -55,6 +55,8 @@ class Policy:
     """``fixed`` only: the pool size; None: the trace's mean rollout GPUs, rounded up to
     whole workers (ROLL-Large)."""
     description: str = ""
+    title: str = ""
+    """The name tables and figures show (the paper's: ROLL, RLBoost+, PEARL ...)."""
 
     def __post_init__(self) -> None:
         p, d = self.static_split
@@ -94,6 +96,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.COLOCATED,
                 Borrowing.OFF,
                 description="ROLL: the reserved rollout GPUs only, colocated",
+                title="ROLL",
             ),
             Policy(
                 "roll-large",
@@ -101,6 +104,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.COLOCATED,
                 Borrowing.OFF,
                 description="ROLL-Large: a fixed pool of the trace's mean rollout GPUs, colocated",
+                title="ROLL-Large",
             ),
             Policy(
                 "rlboost",
@@ -108,6 +112,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.COLOCATED,
                 Borrowing.OFF,
                 description="RLBoost+: inter-scale elastic, colocated, no borrowing",
+                title="RLBoost+",
             ),
             Policy(
                 "static-pd",
@@ -115,6 +120,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.STATIC,
                 Borrowing.OFF,
                 description="inter-scale elastic with a fixed 1:1 P:D ratio, no borrowing",
+                title="static PD",
             ),
             Policy(
                 "pearl-pd",
@@ -122,6 +128,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.ADAPTIVE,
                 Borrowing.OFF,
                 description="PEARL ablation: adaptive PD only (no borrowing)",
+                title="PEARL (adaptive PD only)",
             ),
             Policy(
                 "pearl-ungated",
@@ -129,6 +136,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.ADAPTIVE,
                 Borrowing.UNGATED,
                 description="PEARL ablation: adaptive PD + borrowing after every update",
+                title="PEARL (ungated borrowing)",
             ),
             Policy(
                 "pearl",
@@ -136,6 +144,7 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
                 PDMode.ADAPTIVE,
                 Borrowing.GATED,
                 description="PEARL: adaptive PD + gated borrowing of training GPUs",
+                title="PEARL",
             ),
         )
     }
@@ -149,3 +158,9 @@ def get_policy(name: str, **overrides) -> Policy:
     except KeyError:
         raise ConfigError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
     return replace(policy, **overrides) if overrides else policy
+
+
+def display_name(name: str) -> str:
+    """What tables and figures call a policy: the paper's name where it has one."""
+    policy = POLICIES.get(name)
+    return policy.title if policy is not None and policy.title else name

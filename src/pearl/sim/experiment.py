@@ -21,10 +21,11 @@ from pathlib import Path
 
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.decision import DecisionConfig
-from pearl.control.policies import PDMode, get_policy
+from pearl.control.policies import PDMode, display_name, get_policy
 from pearl.errors import ConfigError, RunInterrupted
+from pearl.report.figures import experiment_figures
+from pearl.report.html import Section, write_report
 from pearl.report.run_folder import RunFolder
-from pearl.report.svg import Chart, Series, render
 from pearl.sim.rl import RLRunResult, RLSetting, run_policy
 from pearl.workloads.agentic import get_profile
 from pearl.workloads.availability import (
@@ -222,8 +223,7 @@ def run_experiment(
     table = throughput_table(runs, cfg.policies, cfg.elastic.segments)
     details = time_table(runs) + "\n\n" + steps_table(runs)
     (run.path / "table.md").write_text(table + "\n\n" + details + "\n")
-    for name, chart in charts(runs, cfg.elastic.segments).items():
-        (run.path / name).write_text(render(chart))
+    figures = experiment_figures(runs, cfg.elastic.segments, run.path, setting.cost.tp)
     wall = time.perf_counter() - start
     run.summary(
         {
@@ -242,12 +242,21 @@ def run_experiment(
         }
     )
     run.close()
+    report = write_report(
+        run.path,
+        f"PEARL simulated RL: {setting.cost.model.name}, workload {setting.profile.name}",
+        f"{len(runs)} runs ({len(cfg.policies)} policies x {len(cfg.elastic.segments)} "
+        f"availability segments of {cfg.rl.duration_s:g} s), {wall:.0f} s wall.",
+        report_sections(runs, cfg.elastic.segments, table, figures),
+        warnings,
+    )
     log("")
     log(table)
     log("")
     log(time_table(runs))
     log("")
     log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes)")
+    log(f"report: {report}")
     return ExperimentOutcome(str(run.path), runs, table, wall)
 
 
@@ -280,42 +289,38 @@ def _report(r: dict, log: Callable[[str], None]) -> dict:
     return r
 
 
-def charts(runs: list[dict], segments: list[str]) -> dict[str, Chart]:
-    """Per segment: per-step throughput of every policy over time with the rollout-GPU
-    budget behind it; and the role timeline of the last PEARL-family run."""
-    out: dict[str, Chart] = {}
-    for k, seg in enumerate(segments):
-        here = [r for r in runs if r["segment"] == seg]
-        chart = Chart(
-            f"{seg}: per-step throughput",
-            "time (s)",
-            "tokens/s per step",
-            "rollout GPUs (trace budget)",
-        )
-        for r in here:
-            pts = [(row["time_s"], row["performance/tokens_per_sec"]) for row in r["rows"]]
-            chart.series.append(Series(r["policy"], pts))
-        elastic = [r for r in here if len({g for _, g in r["rollout_gpus"]}) > 1]
-        if elastic:
-            budget = [(t, float(g)) for t, g in elastic[0]["rollout_gpus"]]
-            chart.series.append(
-                Series("rollout GPUs", budget, step=True, right_axis=True, dashed=True)
-            )
-        out[f"throughput_{k + 1}_{_slug(seg)}.svg"] = chart
-        family = [r for r in here if r["policy"].startswith("pearl")]
-        if family:
-            r = family[-1]
-            roles = sorted({key for e in r["timeline"] for key in e if key != "t"})
-            timeline = Chart(f"{seg}: worker roles under {r['policy']}", "time (s)", "workers")
-            for key in roles:
-                pts = [(e["t"], float(e.get(key, 0))) for e in r["timeline"]]
-                timeline.series.append(Series(key.replace("_", " "), pts, step=True))
-            out[f"roles_{k + 1}_{_slug(seg)}_{r['policy']}.svg"] = timeline
-    return out
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(text).stem)[:40]
+def report_sections(
+    runs: list[dict], segments: list[str], table: str, figures: list[Path]
+) -> list[Section]:
+    """The report's sections: the throughput table, then each segment's figures."""
+    pngs = {p.stem: p for p in figures if p.suffix == ".png"}
+    sections = [
+        Section(
+            "Throughput",
+            "(rollout + training tokens) / time over the RL steps completed in the window; "
+            "ratios to ROLL and RLBoost+ on the same segment.",
+            [table],
+        ),
+        Section("Where rollout worker time went", tables=[time_table(runs)]),
+    ]
+    captions = {
+        "throughput": "per-step throughput of each policy; grey: rollout GPUs available",
+        "roles": "PEARL's rollout workers by role over time; hatched: training GPUs lent "
+        "between updates; dashed: the GPUs the availability trace offers",
+        "time": "seconds per state of each worker under PEARL, and shares per policy",
+        "decisions": "makespan the decision engine predicted for its chosen topology vs the "
+        "rollout time the simulator measured, per batch",
+    }
+    for k, segment in enumerate(segments):
+        shown = [
+            (pngs[stem], caption)
+            for kind, caption in captions.items()
+            for stem in pngs
+            if stem.startswith(f"{kind}_{k + 1}_")
+        ]
+        sections.append(Section(f"Segment {segment}", figures=shown))
+    sections.append(Section("Per step (PEARL family)", tables=[steps_table(runs)]))
+    return sections
 
 
 def throughput_table(runs: list[dict], policies: list[str], segments: list[str]) -> str:
@@ -323,20 +328,20 @@ def throughput_table(runs: list[dict], policies: list[str], segments: list[str])
     window, counted), and ratios to ROLL and RLBoost+."""
     by = {(r["policy"], r["segment"]): r["throughput"] for r in runs}
     steps = {(r["policy"], r["segment"]): r["steps"] for r in runs}
-    head = "| policy |"
-    rule = "|---|"
+    head = "| policy | config name |"
+    rule = "|---|---|"
     for s in segments:
         head += f" {s} tok/s | steps | x ROLL | vs RLBoost+ |"
         rule += "---:|---:|---:|---:|"
     lines = [head, rule]
     for p in policies:
-        line = f"| {p} |"
+        line = f"| {display_name(p)} | {p} |"
         for s in segments:
             t = by[(p, s)]
             roll, boost = by.get(("roll", s)), by.get(("rlboost", s))
-            x_roll = f"{t / roll:.2f}x" if roll else "-"
-            vs_boost = f"{100 * (t / boost - 1):+.1f}%" if boost else "-"
-            line += f" {t:.0f} | {steps[(p, s)]} | {x_roll} | {vs_boost} |"
+            x_roll = f"{t / roll:.3f}x" if roll else "-"
+            vs_boost = f"{100 * (t / boost - 1):+.2f}%" if boost else "-"
+            line += f" {t:.1f} | {steps[(p, s)]} | {x_roll} | {vs_boost} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -364,7 +369,9 @@ def time_table(runs: list[dict]) -> str:
         shares = " | ".join(
             f"{100 * spent[c] / total:.1f}%" if total else "-" for c in TIME_COLUMNS
         )
-        lines.append(f"| {r['policy']} | {r['segment']} | {shares} | {total / 3600:.1f} |")
+        lines.append(
+            f"| {display_name(r['policy'])} | {r['segment']} | {shares} | {total / 3600:.2f} |"
+        )
     return "\n".join(lines)
 
 
