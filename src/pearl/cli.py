@@ -125,7 +125,7 @@ def train(
 ) -> None:
     """Asynchronous multi-turn GRPO on a real model, live; extra args are key=value overrides
     (e.g. run.steps=5 rollout.workers=2 env.name=guess)."""
-    from pearl.errors import PearlError
+    from pearl.errors import PearlError, RunStopped
     from pearl.train import TrainRun, load_train_config
 
     try:
@@ -135,6 +135,12 @@ def train(
                 f"--resume {resume}: not a checkpoint folder (no optimizer/trainer.json)"
             )
         outcome = TrainRun(cfg).run(resume)
+    except RunStopped as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=130) from None
+    except KeyboardInterrupt:  # before the run folder existed: nothing to keep
+        typer.echo("interrupted before the run started", err=True)
+        raise typer.Exit(code=130) from None
     except (PearlError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

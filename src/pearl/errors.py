@@ -50,3 +50,7 @@ class TraceFormatError(PearlError, ValueError):
 class RunInterrupted(PearlError, RuntimeError):
     """A run stopped before its last step; its folder keeps what finished, and the message
     says how to continue."""
+
+
+class RunStopped(RunInterrupted):
+    """The user stopped a run (Ctrl-C or SIGTERM); the message says where its results are."""

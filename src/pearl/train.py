@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from pearl.config import _Section, dump_config, load_config, plain_run_name
-from pearl.errors import ConfigError, RunInterrupted
+from pearl.errors import ConfigError, RunInterrupted, RunStopped
 
 
 class TrainModelSection(_Section):
@@ -164,27 +165,29 @@ class TrainRun:
     def run(self, resume: str | None = None) -> dict[str, Any]:
         return asyncio.run(self._main(resume))
 
-    def _trainer_died(self, folder, rows: list, first_step: int, exc: Exception) -> RunInterrupted:
+    def _stopped(
+        self, folder, rows: list, first_step: int, why: str, stop: type[RunInterrupted]
+    ) -> RunInterrupted:
         """Mark the run folder incomplete and say how to continue from the last checkpoint."""
         last = _last_checkpoint(folder.path)
         folder.summary(
             {
                 "complete": False,
-                "error": f"the trainer's process died ({type(exc).__name__})",
+                "error": why,
                 "steps": len(rows),
                 "last_checkpoint": str(last[1]) if last else None,
             }
         )
         where = f"metrics and checkpoints are in {folder.path}"
         if last is None:
-            return RunInterrupted(
-                f"the trainer's process died after {len(rows)} steps, before any checkpoint "
+            return stop(
+                f"{why} after {len(rows)} steps, before any checkpoint "
                 f"(run.checkpoint_every); {where}"
             )
         version, path = last
         remaining = first_step + self.cfg.run.steps - version
-        return RunInterrupted(
-            f"the trainer's process died after {len(rows)} steps; {where}; continue from "
+        return stop(
+            f"{why} after {len(rows)} steps; {where}; continue from "
             f"v{version} with: pearl train --config {folder.path / 'config.yaml'} --resume "
             f"{path} run.steps={remaining} run.run_name={folder.path.name}-resumed"
         )
@@ -254,6 +257,9 @@ class TrainRun:
             1, cfg.rollout.workers, preemptible, 1, cfg.rollout.workers + preemptible
         )
         plane = ControlPlane(world, policy, layout, log=log_event)
+        rows: list[dict[str, Any]] = []
+        first_step = 0
+        _cancel_on_sigterm()
         try:
             await trainer.start(resume)
             first_step = trainer.weight_version
@@ -322,7 +328,6 @@ class TrainRun:
                 )
 
             run_started = time.monotonic()
-            rows: list[dict[str, Any]] = []
 
             async def on_step(step: int, version: int) -> None:
                 rec = plane.pipeline.records[step]
@@ -362,7 +367,8 @@ class TrainRun:
             except ray.exceptions.RayActorError as exc:
                 # Rollout workers that die are replaced (LiveWorker maps their deaths);
                 # what reaches here is the trainer's process dying.
-                raise self._trainer_died(folder, rows, first_step, exc) from None
+                why = f"the trainer's process died ({type(exc).__name__})"
+                raise self._stopped(folder, rows, first_step, why, RunInterrupted) from None
             finally:
                 if chaos is not None:
                     chaos.cancel()
@@ -388,10 +394,25 @@ class TrainRun:
             folder.summary(summary)
             self.log(f"checkpoint: {checkpoint}")
             return {"run_dir": str(folder.path), **summary}
+        except asyncio.CancelledError:  # Ctrl-C or SIGTERM: asyncio cancels this task
+            why = "interrupted (Ctrl-C or SIGTERM)"
+            raise self._stopped(folder, rows, first_step, why, RunStopped) from None
         finally:
             folder.close()
             world.kill_all()
             ray.kill(trainer.actor)
+
+
+def _cancel_on_sigterm() -> None:
+    """SIGTERM stops the run as Ctrl-C does (asyncio cancels the main task on SIGINT): the
+    workers are killed and the folder marked incomplete instead of the process just dying."""
+    task = asyncio.current_task()
+    if task is None:
+        return
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+        pass
 
 
 def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:

@@ -360,3 +360,56 @@ def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkp
     ]
     assert resumed == list(range(version, 40))  # the run's remaining steps, from the checkpoint
     assert json.loads((tmp_path / "k-resumed" / "summary.json").read_text())["complete"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, tmp_path, stop):
+    """Ctrl-C (SIGINT) or SIGTERM mid-run: exit 130 with where the results are and how to
+    resume, the folder marked incomplete, and none of the run's processes left behind."""
+    from procfs import process_tree
+
+    pearl = str(Path(sys.executable).parent / "pearl")
+    run = [
+        pearl,
+        "train",
+        f"model.name={chat_model}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=200",
+        "run.eval_tasks=0",
+        "run.checkpoint_every=1",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=s",
+    ]
+    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        saved = tmp_path / "s" / "checkpoints" / "v1" / "optimizer" / "trainer.json"
+        deadline = time.monotonic() + 240
+        while not saved.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert saved.is_file(), "no checkpoint v1 appeared"
+        started = process_tree(proc.pid) - {proc.pid}
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err and "--resume" in err and str(tmp_path / "s") in err
+    assert "Traceback" not in err
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["last_checkpoint"]
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in started if alive(p)], "processes of the run outlived it"

@@ -22,7 +22,7 @@ from pathlib import Path
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.decision import DecisionConfig
 from pearl.control.policies import PDMode, display_name, get_policy
-from pearl.errors import ConfigError, RunInterrupted
+from pearl.errors import ConfigError, RunStopped
 from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
 from pearl.report.run_folder import RunFolder
@@ -205,7 +205,7 @@ def run_experiment(
         keys = [f"{p}@{s}" for p, s in jobs if (p, s) in results]
         run.summary({"complete": False, "finished": keys, "runs": len(jobs)})
         run.close()
-        raise RunInterrupted(
+        raise RunStopped(
             f"interrupted: {len(keys)} of {len(jobs)} runs finished; their results are in "
             f"{run.path / 'runs'}"
         ) from None
