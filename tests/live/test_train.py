@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from reportparse import parse_report
 
 from pearl.config import ConfigError
 from pearl.control.agent_loop import AgentLoopConfig
@@ -161,7 +162,9 @@ def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ra
         assert decoded >= sum(t[1] - 1 for t in turns)  # every generated token after the first
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["complete"] and summary["before"]["tasks"] == 2
-    assert (folder / "reward.png").stat().st_size > 1000 and (folder / "throughput.png").is_file()
+    assert (folder / "reward.png").stat().st_size > 1000 and (folder / "throughput.svg").is_file()
+    page = parse_report(folder / "report.html")
+    assert len(page.images) == 2 and [len(t) for t in page.tables] == [3, 3]  # evals, steps
     checkpoint = folder / "checkpoints" / "v2"
     assert out["checkpoint"] == str(checkpoint) and (checkpoint / "model.safetensors").is_file()
     again = TrainRun(

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from reportparse import parse_report
 from typer.testing import CliRunner
 
 from pearl.cli import app
@@ -90,6 +91,10 @@ def test_run_folder_holds_config_metrics_events_and_summary(tiny_run):
     assert (
         summary["best_deployment"] == min(metrics, key=lambda m: m["timing/rollout"])["deployment"]
     )
+    page = parse_report(run / "report.html")  # self-contained: the figure is embedded
+    (table,) = page.tables
+    assert [row[0] for row in table[1:]] == list(DEPLOYMENTS)
+    assert page.images == [(run / "rollout.png").read_bytes()] and (run / "rollout.svg").exists()
 
 
 # -- (b) every trajectory and turn, exactly once -------------------------------------------

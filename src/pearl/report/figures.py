@@ -301,3 +301,37 @@ def experiment_figures(runs: list[dict], segments: list[str], folder: Path, tp: 
         if fig is not None:
             written += save(fig, folder, f"decisions_{tag}")
     return written
+
+
+def rollout_figure(rows: list[dict]) -> Any:
+    """``pearl simulate`` (one batch on fixed deployments): each deployment's makespan, and
+    where its workers' time went."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(10.0, 0.45 * len(rows) + 2.0), layout="constrained"
+    )
+    labels = [r["deployment"] for r in rows]
+    left.barh(labels, [r["timing/rollout"] for r in rows], color="#1f4e79")
+    for k, r in enumerate(rows):
+        left.annotate(
+            f" {r['timing/rollout']:,.1f} s",
+            (r["timing/rollout"], k),
+            va="center",
+            fontsize=7,
+        )
+    left.invert_yaxis()
+    left.set_xlim(0, 1.2 * max(r["timing/rollout"] for r in rows))
+    left.set_xlabel("makespan of the rollout batch (s)")
+    left.grid(axis="x", alpha=0.3)
+    left.set_title("makespan per deployment (C colocated, P prefill, D decode)", fontsize=9)
+    shares = []
+    for r in rows:
+        spent = {s: r.get(f"time/{s}_s", 0.0) for s in STATES}
+        total = sum(spent.values()) or 1.0
+        shares.append({s: 100 * v / total for s, v in spent.items()})
+    _stacked(right, labels, shares, scale=1.0)
+    right.set_xlim(0, 100)
+    right.set_xlabel("% of worker time")
+    right.set_title("where the workers' time went", fontsize=9)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig

@@ -1,4 +1,4 @@
-"""Plots of a training run (matplotlib, written as PNG files into the run folder)."""
+"""Plots of a training run (matplotlib, written as PNG and SVG files into the run folder)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pearl.report.figures import save
+
 
 def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
-    """``reward.png`` (training reward and success per step) and ``throughput.png``
+    """``reward`` (training reward and success per step) and ``throughput``
     (generated tokens per second of rollout, and rollout vs training seconds per step)."""
     import matplotlib
 
@@ -17,7 +19,7 @@ def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Pa
 
     folder = Path(folder)
     steps = [r["step"] for r in rows]
-    written = []
+    written: list[Path] = []
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
     ax.plot(steps, [r["reward_mean"] for r in rows], marker="o", label="mean reward")
@@ -27,9 +29,7 @@ def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Pa
     ax.set_title("Training batches (trajectories of training tasks)")
     ax.grid(alpha=0.3)
     ax.legend()
-    written.append(folder / "reward.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written += save(fig, folder, "reward")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
     left.plot(steps, [r["rollout_tokens_per_s"] for r in rows], marker="o")
@@ -43,7 +43,5 @@ def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Pa
     right.set_ylabel("seconds")
     right.set_title("Per step (they overlap: staleness 1)")
     right.legend()
-    written.append(folder / "throughput.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written += save(fig, folder, "throughput")
     return written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pearl.config import SimSection, SimulateConfig, dump_config
 from pearl.control.deployment import Deployment
@@ -95,6 +96,7 @@ def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
     run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
     run.write_config(dump_config(cfg))
     reports = []
+    rows = []
     log(
         f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}; workload {cfg.workload.profile}: "
         f"{batch.num_trajectories} trajectories, {sum(t.num_turns for t in batch.trajectories)} turns"
@@ -105,7 +107,7 @@ def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
             batch, cost, deployment, engine, vocab_size=cost.model.vocab_size
         )
         reports.append(report)
-        run.metric(
+        rows.append(
             {
                 "deployment": report.deployment,
                 "timing/rollout": report.makespan_s,
@@ -129,6 +131,7 @@ def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
                 },
             }
         )
+        run.metric(rows[-1])
         for traj in report.result.trajectories:
             for k, turn in enumerate(traj.turns):
                 t = turn.telemetry
@@ -167,4 +170,29 @@ def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
         }
     )
     run.close()
+    write_rollout_report(run.path, rows, f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}")
     return SimulateOutcome(str(run.path), reports)
+
+
+def write_rollout_report(folder: Path, rows: list[dict], setting: str) -> Path:
+    """``rollout.png``/``.svg`` and ``report.html``: each deployment's makespan and time."""
+    from pearl.report.figures import rollout_figure, save
+    from pearl.report.html import Section, write_report
+
+    png = save(rollout_figure(rows), folder, "rollout")[0]
+    table = ["| deployment | makespan s | tok/s | turns | mean turn s | KV moved MiB |"]
+    table.append("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        table.append(
+            f"| {r['deployment']} | {r['timing/rollout']:.2f} | "
+            f"{r['performance/tokens_per_sec']:.1f} | {r['rollout/turns']} | "
+            f"{r['rollout/mean_turn_latency_s']:.3f} | {r['rollout/kv_bytes_moved'] / 2**20:.1f} |"
+        )
+    best = min(rows, key=lambda r: r["timing/rollout"])
+    return write_report(
+        folder,
+        f"PEARL simulated rollout batch: {setting}",
+        f"{len(rows)} deployments on the same batch; fastest {best['deployment']} "
+        f"({best['timing/rollout']:.2f} s).",
+        [Section("Deployments", tables=["\n".join(table)], figures=[(png, "makespan and time")])],
+    )
