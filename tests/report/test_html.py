@@ -1,5 +1,8 @@
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 from reportparse import parse_report
 
 from pearl.report.html import Section, markdown_table, write_report
@@ -42,3 +45,28 @@ def test_report_is_self_contained_and_links_the_run_files(tmp_path):
     assert page.images == [figure.read_bytes()]
     assert "metrics.jsonl" in page.links and "f.svg" in page.links
     assert "kind: rl  # <x>" in page.text and "warning: trace ends early" in page.text
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium not installed")
+def test_the_screenshot_script_renders_a_report_in_headless_chromium(tmp_path):
+    (tmp_path / "config.yaml").write_text("kind: rl\n")
+    figure = _png(tmp_path)
+    report = write_report(tmp_path, "a run", "1 run.", [Section("S", figures=[(figure, "c")])])
+    script = Path(__file__).resolve().parents[2] / "scripts" / "screenshot_report.sh"
+    out = tmp_path / "shot.png"
+    done = subprocess.run(
+        ["bash", str(script), str(report), str(out), "800", "600"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_the_screenshot_script_says_what_is_missing(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "screenshot_report.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "nope.html")], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "no report at" in done.stderr
