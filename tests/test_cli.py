@@ -274,3 +274,45 @@ def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_pa
     assert len(json.loads((run / "summary.json").read_text())["warnings"]) == 2
     (kept,) = (run / "runs").iterdir()  # a CSV path as the segment: a flat file name
     assert kept.name.startswith("rlboost@") and kept.name.endswith("late.csv.json")
+
+
+@pytest.mark.parametrize("kind", ["rollout", "rl", "train"])
+def test_config_show_prints_every_default_with_its_meaning_as_a_loadable_config(kind, tmp_path):
+    from pearl.config import RLExperimentConfig, SimulateConfig, load_config
+    from pearl.train import TrainConfig
+
+    result = CliRunner().invoke(app, ["config", "show", kind])
+    assert result.exit_code == 0, result.output
+    leaves = [line for line in result.output.splitlines() if ":" in line and not line.endswith(":")]
+    undocumented = [line for line in leaves if not line.startswith("#") and "  # " not in line]
+    assert leaves and not undocumented
+    path = tmp_path / "shown.yaml"
+    path.write_text(result.output)
+    model = {"rollout": SimulateConfig, "rl": RLExperimentConfig, "train": TrainConfig}[kind]
+    assert load_config(model, path) == model()  # the printout is the defaults, as a config
+
+
+def test_config_show_names_the_valid_kinds():
+    result = CliRunner().invoke(app, ["config", "show", "rlx"])
+    assert result.exit_code == 2 and "valid: rollout, rl, train" in result.output
+
+
+def test_long_runs_report_progress_and_quiet_leaves_only_the_results(tmp_path):
+    args = headline_args(
+        "headline.yaml",
+        tmp_path,
+        "p",
+        "elastic.segments=[segment2]",
+        "policies=[roll,pearl]",
+        "processes=1",
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "[1/2] 50% simulated RL runs" in result.output and "ETA" in result.output
+    assert "[2/2] 100%" in result.output and "| RLBoost+ |" not in result.output
+    quiet = CliRunner().invoke(app, ["--quiet", *args[:-1], "logger.run_name=q"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "simulated RL runs" not in quiet.output and "run folder:" in quiet.output
+    assert "| PEARL | pearl |" in quiet.output  # the table is a result: stdout, always
+    both = CliRunner().invoke(app, ["--quiet", "--verbose", *args])
+    assert both.exit_code == 2 and "exclude each other" in both.output

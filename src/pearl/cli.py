@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict
 from pathlib import Path
 
 import typer
 
 app = typer.Typer(
-    help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL.",
+    help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL. "
+    "Every config default, with what it means: pearl config show [rollout|rl|train].",
     no_args_is_help=True,
 )
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="also debug lines, with times and module names"
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="only warnings, errors and results (no progress)"
+    ),
+) -> None:
+    """Progress and log lines go to stderr; results (tables, the run folder) to stdout."""
+    from pearl.report.progress import NORMAL, QUIET, VERBOSE, reset_logging, setup_logging
+
+    if verbose and quiet:
+        raise typer.BadParameter("--verbose and --quiet exclude each other")
+    setup_logging(VERBOSE if verbose else QUIET if quiet else NORMAL)
+    ctx.call_on_close(reset_logging)  # the streams it wrote to may close with the command
 
 
 @app.command()
@@ -69,7 +90,8 @@ def _simulate_help() -> str:
     rollout = SimulateConfig.model_fields
     rl_only = {k: v for k, v in RLExperimentConfig.model_fields.items() if k not in rollout}
     return (
-        "Simulate a cluster; extra args are key=value overrides.\n\n"
+        "Simulate a cluster; extra args are key=value overrides. Every key with its default "
+        "and meaning: pearl config show rollout (or rl).\n\n"
         "kind: rollout (default): one rollout batch on fixed deployments. "
         "kind: rl (e.g. configs/headline.yaml): whole RL runs of every policy on every "
         "availability segment, with a throughput table.\n\n"
@@ -100,6 +122,7 @@ def simulate(
             from pearl.sim.experiment import run_experiment
 
             outcome = run_experiment(cfg)
+            print(f"{outcome.table}\n\n{outcome.time_table}\n")
         else:
             from pearl.sim.simulate import run_simulate
 
@@ -124,7 +147,7 @@ def train(
     ),
 ) -> None:
     """Asynchronous multi-turn GRPO on a real model, live; extra args are key=value overrides
-    (e.g. run.steps=5 rollout.workers=2 env.name=guess)."""
+    (e.g. run.steps=5 rollout.workers=2 env.name=guess); every key: pearl config show train."""
     from pearl.errors import PearlError, RunStopped
     from pearl.train import TrainRun, load_train_config
 
@@ -145,6 +168,36 @@ def train(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     print(f"run folder: {outcome['run_dir']}")
+
+
+config_app = typer.Typer(help="Run configurations.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+CONFIG_KINDS = {
+    "rollout": "pearl simulate (kind: rollout): one rollout batch on fixed deployments",
+    "rl": "pearl simulate kind=rl: whole RL runs of every policy on availability segments",
+    "train": "pearl train: live asynchronous GRPO on a real model",
+}
+
+
+@config_app.command("show")
+def config_show(
+    kind: str = typer.Argument("rollout", help=f"which config: {', '.join(CONFIG_KINDS)}"),
+) -> None:
+    """Print a command's defaults as YAML, each key with what it means and its bounds
+    (save it, edit it, pass it with --config)."""
+    from pearl.config import RLExperimentConfig, SimulateConfig, annotated_defaults
+
+    if kind not in CONFIG_KINDS:
+        typer.echo(f"error: unknown config {kind!r}; valid: {', '.join(CONFIG_KINDS)}", err=True)
+        raise typer.Exit(code=2)
+    if kind == "train":
+        from pearl.train import TrainConfig
+
+        model: type = TrainConfig
+    else:
+        model = RLExperimentConfig if kind == "rl" else SimulateConfig
+    print(annotated_defaults(model, f"defaults of {CONFIG_KINDS[kind]}"), end="")
 
 
 models_app = typer.Typer(
@@ -232,8 +285,10 @@ def calibrate(
             f"error: --cases {cases!r}: use all, or a comma list of indices 0-{n - 1}", err=True
         )
         raise typer.Exit(code=2) from None
+    log = logging.getLogger("pearl.calibrate").info
+    log(f"calibrate: profile {model} on the {grid!r} grid, then fit the cost model")
     try:
-        report = run_calibrate(model, out, grid, repeats=repeats)
+        report = run_calibrate(model, out, grid, repeats=repeats, echo=log)
     except (PearlError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

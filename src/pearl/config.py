@@ -61,18 +61,20 @@ class WorkloadSection(_Section):
     group_size: int | None = Field(
         None, ge=1, le=1024, description="trajectories per task (default: the profile's)"
     )
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="workload sampling seed")
     trace: str | None = Field(
         None, description="replay a JSONL trajectory trace instead of generating"
     )
 
 
 class SimSection(_Section):
-    block_size: int = Field(16, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_num_seqs: int = Field(256, ge=1)
-    max_model_len: int = Field(40960, ge=2)
-    fast_forward: bool = True
+    block_size: int = Field(16, ge=1, description="KV page size in tokens")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="tokens per engine iteration")
+    max_num_seqs: int = Field(256, ge=1, description="sequences per engine iteration")
+    max_model_len: int = Field(40960, ge=2, description="longest context a worker accepts")
+    fast_forward: bool = Field(
+        True, description="skip runs of identical decode iterations in one step (same result)"
+    )
     scheduling: Literal["mixed", "sglang"] = Field(
         "mixed",
         description="iteration composition: mixed (decode-first + chunked prefill in one "
@@ -183,6 +185,46 @@ def dump_config(cfg: BaseModel) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def annotated_defaults(model: type[BaseModel], title: str) -> str:
+    """A config class's defaults as YAML, each key commented with what it means and its
+    bounds: what ``pearl config show`` prints, a valid config file as it stands."""
+    lines = [f"# {title}", "# Any key can be overridden on the command line as section.key=value."]
+    defaults = model().model_dump(mode="json")
+
+    def emit(cls: type[BaseModel], values: dict[str, Any], indent: str) -> None:
+        for name, field in cls.model_fields.items():
+            value = values[name]
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                lines.append("")
+                lines.append(f"{indent}{name}:")
+                emit(sub, value, indent + "  ")
+                continue
+            if not indent and len(lines) > 2:
+                lines.append("")
+            text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+            text = text.removesuffix("\n...").removesuffix("...").strip()
+            note = "; ".join(x for x in (field.description or "", _bounds(field)) if x)
+            lines.append(f"{indent}{name}: {text}" + (f"  # {note}" if note else ""))
+
+    emit(model, defaults, "")
+    return "\n".join(lines) + "\n"
+
+
+def _bounds(field: Any) -> str:
+    """A field's constraints in words (``>= 1, <= 64``; ``one of: mixed, sglang``)."""
+    words = []
+    for meta in field.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            bound = getattr(meta, attr, None)
+            if bound is not None:
+                words.append(f"{sign} {bound:g}" if isinstance(bound, float) else f"{sign} {bound}")
+    choices = getattr(field.annotation, "__args__", ())
+    if getattr(field.annotation, "__origin__", None) is Literal and choices:
+        words.append("one of: " + ", ".join(map(str, choices)))
+    return ", ".join(words)
+
+
 # --- ``kind: rl``: whole RL runs under rollout policies (the headline experiment) ----------
 
 
@@ -222,8 +264,12 @@ class ElasticSection(_Section):
 
 
 class PDSection(_Section):
-    mode_switch_threshold: float = Field(0.05, ge=0, lt=1)
-    ratio_change_threshold: float = Field(0.02, ge=0, lt=1)
+    mode_switch_threshold: float = Field(
+        0.05, ge=0, lt=1, description="switch C<->PD only if it cuts the makespan by this share"
+    )
+    ratio_change_threshold: float = Field(
+        0.02, ge=0, lt=1, description="change the P:D ratio only if it cuts the makespan by this"
+    )
     static_split: list[int] = Field(
         default_factory=lambda: [1, 1], description="static-pd policy: P:D ratio"
     )
@@ -255,7 +301,8 @@ class RLExperimentConfig(_Section):
             "pearl-pd",
             "pearl-ungated",
             "pearl",
-        ]
+        ],
+        description="rollout policies to run on every segment (see pearl.control.policies)",
     )
     # 64-token KV pages: the simulator's per-block work (allocation, prefix hashing,
     # eviction) is ~25% of an RL run at 16; throughputs agree within 0.03% (measured).

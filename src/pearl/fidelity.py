@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
+from pearl.report.progress import Progress
 from pearl.sim.calibrate import RANDOM_MODELS
 from pearl.sim.costmodel import CostModel
 from pearl.sim.models import ModelShape
@@ -37,6 +39,8 @@ CALIBRATION_ENGINE: dict[str, Any] = dict(
     max_num_seqs=64,
     model_id="calibration",
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -441,7 +445,7 @@ def compare(
     cases=DEFAULT_CASES,
     model_config: dict[str, Any] = CALIBRATION_MODEL,
     engine: dict[str, Any] = CALIBRATION_ENGINE,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = logger.info,
     calibration: str = "in-situ",
     live_repeats: int = 3,
 ) -> list[CaseResult]:
@@ -475,6 +479,7 @@ def compare(
     overhead = rpc = 0.0
     grid_samples: list = []
     if profile is None:
+        log("fidelity phase 1/3: fit the cost model inside a worker process")
         fitted, report, (overhead, rpc), grid_samples = calibrate_in_worker(model, engine)
         profiles["1C"] = fitted
         log("fit from the grid inside one worker process (wall clock):")
@@ -500,16 +505,23 @@ def compare(
     # Live: every case's repeats, each followed (in-situ) by a held-out pass on its deployment.
     lives_of: list[list] = []
     held_out: dict[str, HeldOut] = {}
-    for case in cases:
-        t0 = time.perf_counter()
-        lives_of.append([run_live_case(case, model, engine, vocab) for _ in range(live_repeats)])
-        if in_situ:
-            key = _in_situ_key(case)
-            kind = _fit_key(case.deployment)
-            held_out.setdefault(key, HeldOut()).extend(
-                held_out_samples(model, engine, vocab, kind, case.workload)
+    log(f"fidelity phase 2/3: {len(cases)} cases live, {live_repeats} runs each")
+    with Progress(len(cases), "fidelity cases run live", logger=__name__) as bar:
+        for case in cases:
+            t0 = time.perf_counter()
+            lives_of.append(
+                [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
             )
-        log(f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)")
+            if in_situ:
+                key = _in_situ_key(case)
+                kind = _fit_key(case.deployment)
+                held_out.setdefault(key, HeldOut()).extend(
+                    held_out_samples(model, engine, vocab, kind, case.workload)
+                )
+            bar.advance(
+                f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)"
+            )
+    log("fidelity phase 3/3: fit per deployment, then simulate each case")
     overheads: dict[str, tuple[float, float]] = {}
     for kind, measured in sorted(held_out.items()):
         profiles[kind], report = fit_in_situ(measured.samples, grid_samples)

@@ -12,6 +12,7 @@ held-out tasks. The run folder gets the config, ``metrics.jsonl`` (one row per s
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import signal
@@ -25,6 +26,7 @@ from pydantic import Field, field_validator
 
 from pearl.config import _Section, dump_config, load_config, plain_run_name
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
+from pearl.report.progress import Progress
 
 
 class TrainModelSection(_Section):
@@ -80,8 +82,10 @@ class TrainRunSection(_Section):
         description="fault injection: kill a random dedicated rollout worker's process "
         "(ray.kill) this often, to exercise recovery (0: never)",
     )
-    run_dir: str = "runs"
-    run_name: str | None = None
+    run_dir: str = Field("runs", description="parent folder of run folders")
+    run_name: str | None = Field(
+        None, description="run folder name (default: train- plus a timestamp and a suffix)"
+    )
 
     _plain_name = field_validator("run_name")(plain_run_name)
 
@@ -143,9 +147,9 @@ class TrainRun:
         from pearl.models.tokenizer import Tokenizer
 
         self.cfg = cfg
-        self.log = log or (lambda line: print(line, flush=True))  # progress even when piped
+        self.log = log or logging.getLogger(__name__).info
         make_env(cfg.env.name, **cfg.env.options)  # fail on bad options before starting actors
-        self.folder = resolve_model(cfg.model.name, log=log)
+        self.folder = resolve_model(cfg.model.name, log=self.log)
         self.model_config = ModelConfig.from_folder(self.folder)
         self.chat = ChatFormat(Tokenizer(self.folder))
 
@@ -328,6 +332,7 @@ class TrainRun:
                 )
 
             run_started = time.monotonic()
+            steps = Progress(cfg.run.steps, "RL steps", logger=__name__)
 
             async def on_step(step: int, version: int) -> None:
                 rec = plane.pipeline.records[step]
@@ -339,7 +344,7 @@ class TrainRun:
                 folder.append(
                     "rollouts.jsonl", rollout_shapes(rec, feed.iterations.pop(rec.step, []))
                 )
-                self.log(
+                steps.advance(
                     f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  success "
                     f"{100 * row['success_rate']:5.1f}%  rollout {row['rollout_s']:5.1f}s  "
                     f"train {row['train_s']:5.1f}s  gen {row['rollout_tokens_per_s']:6.1f} tok/s  "
@@ -363,7 +368,8 @@ class TrainRun:
                     _chaos(plane, cfg.run.chaos_kill_every_s, cfg.run.seed, log_event)
                 )
             try:
-                records = await plane.run(changes if elastic else ())
+                with steps:
+                    records = await plane.run(changes if elastic else ())
             except ray.exceptions.RayActorError as exc:
                 # Rollout workers that die are replaced (LiveWorker maps their deaths);
                 # what reaches here is the trainer's process dying.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -22,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 from pearl.errors import ConfigError
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ def packaged_file(entry: PackagedModel) -> Path:
 
 
 def model_folder(
-    name: str, *, root: Path | None = None, log: Callable[[str], None] = print
+    name: str, *, root: Path | None = None, log: Callable[[str], None] = _logger.info
 ) -> Path:
     """The converted folder of catalog model ``name``, converting it first if needed."""
     entry = CATALOG.get(name)
@@ -97,7 +100,7 @@ def model_folder(
     folder = (root or cache_root()) / "models" / name
     if _stamp_of(folder) == stamp:
         return folder
-    log(f"[pearl] converting {entry.filename} from {entry.distribution} to {folder} (once)")
+    log(f"converting {entry.filename} from {entry.distribution} to {folder} (once)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))
     try:
@@ -112,7 +115,7 @@ def model_folder(
     return folder
 
 
-def resolve_model(spec: str, log: Callable[[str], None] = print) -> Path:
+def resolve_model(spec: str, log: Callable[[str], None] = _logger.info) -> Path:
     """A catalog name (converted on first use) or a Hugging Face folder."""
     if spec in CATALOG:
         return model_folder(spec, log=log)

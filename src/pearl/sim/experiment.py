@@ -10,6 +10,7 @@ and ``table.md`` (throughput per policy and segment, ratios to ROLL and to RLBoo
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import re
 import signal
@@ -25,6 +26,7 @@ from pearl.control.policies import PDMode, display_name, get_policy
 from pearl.errors import ConfigError, RunStopped
 from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
+from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder
 from pearl.sim.rl import RLRunResult, RLSetting, run_policy
 from pearl.workloads.agentic import get_profile
@@ -34,6 +36,8 @@ from pearl.workloads.availability import (
     load_availability,
     load_segment,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def load_trace(name: str) -> AvailabilityTrace:
@@ -144,10 +148,11 @@ class ExperimentOutcome:
     runs: list[dict]
     table: str
     wall_s: float
+    time_table: str = ""
 
 
 def run_experiment(
-    cfg: RLExperimentConfig, log: Callable[[str], None] = print
+    cfg: RLExperimentConfig, log: Callable[[str], None] = logger.info
 ) -> ExperimentOutcome:
     start = time.perf_counter()
     warnings = []
@@ -175,7 +180,8 @@ def run_experiment(
     def finished(result: dict) -> None:
         """Keep a finished run at once (``runs/<policy>@<segment>.json``): an interrupted
         experiment loses only the runs still going."""
-        results[(result["policy"], result["segment"])] = _report(result, log)
+        results[(result["policy"], result["segment"])] = result
+        bar.advance(_one_line(result))
         done = run.path / "runs"
         done.mkdir(exist_ok=True)
         # A segment may be a CSV path: keep the file name flat.
@@ -183,8 +189,9 @@ def run_experiment(
         name = f"{result['policy']}@{segment}.json"
         (done / name).write_text(json.dumps(result, sort_keys=True) + "\n")
 
+    log(f"{len(jobs)} runs in {min(cfg.processes, len(jobs))} processes; results in {run.path}")
     try:
-        with _terminate_as_interrupt():
+        with _terminate_as_interrupt(), Progress(len(jobs), "simulated RL runs") as bar:
             if cfg.processes == 1:
                 for p, s in jobs:
                     finished(run_one(cfg_json, p, s))
@@ -250,14 +257,8 @@ def run_experiment(
         report_sections(runs, cfg.elastic.segments, table, figures),
         warnings,
     )
-    log("")
-    log(table)
-    log("")
-    log(time_table(runs))
-    log("")
-    log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes)")
-    log(f"report: {report}")
-    return ExperimentOutcome(str(run.path), runs, table, wall)
+    log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes); report: {report}")
+    return ExperimentOutcome(str(run.path), runs, table, wall, time_table(runs))
 
 
 @contextmanager
@@ -279,14 +280,13 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _report(r: dict, log: Callable[[str], None]) -> dict:
+def _one_line(r: dict) -> str:
     c = r["counters"]
-    log(
-        f"  {r['policy']:>14} @ {r['segment']:<9} {r['throughput']:9.1f} tok/s  "
+    return (
+        f"{r['policy']:>14} @ {r['segment']:<9} {r['throughput']:9.1f} tok/s  "
         f"{r['steps']:3d} steps counted  borrow {c['borrow_rounds']:>2}  role switches "
         f"{c['role_switches']:>3}  ({r['wall_s']:.1f} s)"
     )
-    return r
 
 
 def report_sections(

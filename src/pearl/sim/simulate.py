@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from pearl.sim.models import load_model_shape
 from pearl.sim.worker import SimEngineConfig
 from pearl.sim.world import FixedRolloutReport, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -86,7 +89,7 @@ def check_fits(cost: CostModel, engine: SimEngineConfig, longest: int, what: str
         )
 
 
-def run_simulate(cfg: SimulateConfig, log=print) -> SimulateOutcome:
+def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
     """Run every configured deployment on the same batch; write the run folder."""
     cost = build_cost_model(cfg)
     batch = build_batch(cfg)
