@@ -108,6 +108,9 @@ def test_shrink_and_expand_while_a_batch_runs():
         for out, turn in zip(traj.turns, traj.trajectory.turns, strict=True):
             assert len(out.token_ids) == turn.response_tokens
     assert router.turns_resumed >= 1
+    # Counted: one shrink, of one worker, that was serving the turns it cut short.
+    assert rebuilder.busy_shrinks == rebuilder.workers_shrunk == rebuilder.busy_workers_shrunk == 1
+    assert rebuilder.turns_cut_by_shrinks == len(partials)
     snap = table.snapshot()
     assert [snap.slot(s).status for s in slots] == [
         WorkerStatus.ACTIVE,

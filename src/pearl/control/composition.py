@@ -266,6 +266,10 @@ class ControlPlane:
         router, toggle = self.router, self.toggle
         return {
             "expansions_cancelled": self.rebuilder.expansions_cancelled,
+            "busy_shrinks": self.rebuilder.busy_shrinks,
+            "workers_shrunk": self.rebuilder.workers_shrunk,
+            "busy_workers_shrunk": self.rebuilder.busy_workers_shrunk,
+            "turns_cut_by_shrinks": self.rebuilder.turns_cut_by_shrinks,
             "workers_started": self.factory.started,
             "borrow_rounds": toggle.rounds if toggle else 0,
             "borrow_skipped_by_gate": toggle.skipped_by_gate if toggle else 0,

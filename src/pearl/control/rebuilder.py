@@ -52,6 +52,12 @@ class InterScaleRebuilder:
         self.finalize_s = finalize_s
         self.workers: dict[SlotId, RolloutWorker] = {}
         self.expansions_cancelled = 0
+        # Shrinks that took out a worker serving turns (their turns were cut short and
+        # resume elsewhere); workers taken out (availability or failure), and the busy ones.
+        self.busy_shrinks = 0
+        self.workers_shrunk = 0
+        self.busy_workers_shrunk = 0
+        self.turns_cut_by_shrinks = 0
 
     def apply_topology(self) -> None:
         """Route to exactly the table's active rollout workers, by role."""
@@ -92,6 +98,11 @@ class InterScaleRebuilder:
         handles = [self.workers.pop(s) for s in leaving]
         aborted = asyncio.gather(*(_abort_all(w) for w in handles))
         switched, partials = await asyncio.gather(self.reassign(roles or {}), aborted)
+        busy = sum(1 for group in partials if group)
+        self.busy_shrinks += int(busy > 0)
+        self.workers_shrunk += len(handles)
+        self.busy_workers_shrunk += busy
+        self.turns_cut_by_shrinks += sum(len(group) for group in partials)
         await asyncio.gather(
             *(self.factory.stop(s, w) for s, w in zip(leaving, handles, strict=True))
         )
