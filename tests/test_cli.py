@@ -316,3 +316,17 @@ def test_long_runs_report_progress_and_quiet_leaves_only_the_results(tmp_path):
     assert "| PEARL | pearl |" in quiet.output  # the table is a result: stdout, always
     both = CliRunner().invoke(app, ["--quiet", "--verbose", *args])
     assert both.exit_code == 2 and "exclude each other" in both.output
+
+
+def test_throughput_table_uses_the_papers_names_and_enough_decimals():
+    from pearl.sim.experiment import throughput_table
+
+    runs = [
+        {"policy": p, "segment": "s1", "throughput": t, "steps": 12}
+        for p, t in (("roll", 3419.04), ("rlboost", 3558.1), ("pearl", 3560.43))
+    ]
+    lines = throughput_table(runs, ["roll", "rlboost", "pearl"], ["s1"]).splitlines()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+    assert cells[0] == ["ROLL", "roll", "3419.0", "12", "1.000x", "-3.91%"]
+    # PEARL and RLBoost+ differ by 0.06%: two decimals of a percentage show it
+    assert cells[2] == ["PEARL", "pearl", "3560.4", "12", "1.041x", "+0.07%"]
