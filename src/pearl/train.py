@@ -27,6 +27,7 @@ from pydantic import Field, field_validator
 from pearl.config import _Section, dump_config, load_config, plain_run_name
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
 from pearl.report.progress import Progress
+from pearl.report.tensorboard import ScalarLog
 
 
 class TrainModelSection(_Section):
@@ -226,6 +227,7 @@ class TrainRun:
         folder = RunFolder(cfg.run.run_dir, name)
         folder.write_config(dump_config(cfg))
         self.log(f"run folder: {folder.path}")
+        board = ScalarLog(folder.path)
         spec = ModelSpec(folder=str(self.folder))
         trainer = LiveTrainer(
             spec,
@@ -310,6 +312,7 @@ class TrainRun:
                     "seconds": time.monotonic() - t0,
                 }
                 folder.event({"kind": "eval", **row})
+                board.scalars(f"eval_{tag}", row, trainer.weight_version)
                 self.log(
                     f"eval ({tag}, v{row['weight_version']}): success {row['successes']}/"
                     f"{row['tasks']} = {100 * row['success_rate']:.1f}% "
@@ -341,6 +344,7 @@ class TrainRun:
                 row["borrowed"] = bool(plane.toggle and plane.toggle.borrowed)
                 rows.append(row)
                 folder.metric(row)
+                board.scalars("train", row, row["step"])
                 folder.append(
                     "rollouts.jsonl", rollout_shapes(rec, feed.iterations.pop(rec.step, []))
                 )
@@ -406,6 +410,7 @@ class TrainRun:
             raise self._stopped(folder, rows, first_step, why, RunStopped) from None
         finally:
             folder.close()
+            board.close()
             world.kill_all()
             ray.kill(trainer.actor)
 

@@ -28,6 +28,7 @@ from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
 from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder
+from pearl.report.tensorboard import ScalarLog
 from pearl.sim.rl import RLRunResult, RLSetting, run_policy
 from pearl.workloads.agentic import get_profile
 from pearl.workloads.availability import (
@@ -217,16 +218,19 @@ def run_experiment(
             f"{run.path / 'runs'}"
         ) from None
     runs = [results[j] for j in jobs]  # config order, whatever order they finished in
+    board = ScalarLog(run.path)
     for r in runs:
         tag = {"policy": r["policy"], "segment": r["segment"]}
         for row in r["rows"]:
             run.metric({**tag, **row})
+            board.scalars(f"{r['segment']}/{r['policy']}", row, row["step"])
         for event in r["events"]:
             run.event({**tag, **event})
         for entry in r["timeline"]:
             run.event({**tag, "kind": "roles", **entry})
         for t, gpus in r["rollout_gpus"]:
             run.event({**tag, "kind": "budget", "t": t, "rollout_gpus": gpus})
+    board.close()
     table = throughput_table(runs, cfg.policies, cfg.elastic.segments)
     details = time_table(runs) + "\n\n" + steps_table(runs)
     (run.path / "table.md").write_text(table + "\n\n" + details + "\n")
