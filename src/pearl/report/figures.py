@@ -174,6 +174,7 @@ def roles_figure(run: dict, segment: str, tp: int) -> Any:
     ax.set_xlim(0, end)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("rollout workers")
+    ax.set_ylim(bottom=0)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
