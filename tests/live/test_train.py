@@ -306,6 +306,36 @@ def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
     assert "eval (after, v2)" in result.output
 
 
+def start_training_until_checkpoint(
+    chat_model, tmp_path, name: str, steps: int, version: int
+) -> subprocess.Popen:
+    """``pearl train`` on the tiny model in a subprocess, returned once checkpoint
+    ``v<version>`` is on disk (a checkpoint every step)."""
+    pearl = str(Path(sys.executable).parent / "pearl")
+    run = [
+        pearl,
+        "train",
+        f"model.name={chat_model}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        f"run.steps={steps}",
+        "run.eval_tasks=0",
+        "run.checkpoint_every=1",
+        f"run.run_dir={tmp_path}",
+        f"run.run_name={name}",
+    ]
+    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    saved = tmp_path / name / "checkpoints" / f"v{version}" / "optimizer" / "trainer.json"
+    deadline = time.monotonic() + 240
+    while not saved.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not saved.is_file():
+        proc.kill()
+        raise AssertionError(f"no checkpoint v{version} appeared: {proc.communicate()[1][-2000:]}")
+    return proc
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkpoint(
     chat_model, tmp_path
@@ -316,26 +346,8 @@ def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkp
     from procfs import process_tree, processes_named
 
     pearl = str(Path(sys.executable).parent / "pearl")
-    run = [
-        pearl,
-        "train",
-        f"model.name={chat_model}",
-        "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=8",
-        "run.steps=40",
-        "run.eval_tasks=0",
-        "run.checkpoint_every=1",
-        f"run.run_dir={tmp_path}",
-        "run.run_name=k",
-    ]
-    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_training_until_checkpoint(chat_model, tmp_path, "k", steps=40, version=2)
     try:
-        saved = tmp_path / "k" / "checkpoints" / "v2" / "optimizer" / "trainer.json"
-        deadline = time.monotonic() + 240
-        while not saved.is_file() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert saved.is_file(), "no checkpoint v2 appeared"
         (trainer,) = processes_named("ray::GRPOTrainer", process_tree(proc.pid))
         os.kill(trainer, signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
@@ -372,27 +384,8 @@ def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, t
     resume, the folder marked incomplete, and none of the run's processes left behind."""
     from procfs import process_tree
 
-    pearl = str(Path(sys.executable).parent / "pearl")
-    run = [
-        pearl,
-        "train",
-        f"model.name={chat_model}",
-        "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=8",
-        "run.steps=200",
-        "run.eval_tasks=0",
-        "run.checkpoint_every=1",
-        f"run.run_dir={tmp_path}",
-        "run.run_name=s",
-    ]
-    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_training_until_checkpoint(chat_model, tmp_path, "s", steps=200, version=1)
     try:
-        saved = tmp_path / "s" / "checkpoints" / "v1" / "optimizer" / "trainer.json"
-        deadline = time.monotonic() + 240
-        while not saved.is_file() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert saved.is_file(), "no checkpoint v1 appeared"
         started = process_tree(proc.pid) - {proc.pid}
         proc.send_signal(stop)
         out, err = proc.communicate(timeout=120)
