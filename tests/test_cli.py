@@ -131,6 +131,14 @@ def test_sigterm_stops_the_pool_and_keeps_the_finished_runs(tmp_path):
         time.sleep(0.2)
     alive = [pid for pid in children if running(pid)]
     assert not alive, f"pool workers left running: {alive}"
+    # The finished runs make a report of their own (pearl report), marked as partial.
+    from reportparse import parse_report
+
+    redone = CliRunner().invoke(app, ["report", str(tmp_path / "t")])
+    assert redone.exit_code == 0, redone.output
+    page = parse_report(tmp_path / "t" / "report.html")
+    assert "interrupted" in page.text
+    assert len(page.tables[0]) - 1 == len({k.split("@")[0] for k in summary["finished"]})
 
 
 def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
@@ -330,3 +338,8 @@ def test_throughput_table_uses_the_papers_names_and_enough_decimals():
     assert cells[0] == ["ROLL", "roll", "3419.0", "12", "1.000x", "-3.91%"]
     # PEARL and RLBoost+ differ by 0.06%: two decimals of a percentage show it
     assert cells[2] == ["PEARL", "pearl", "3560.4", "12", "1.041x", "+0.07%"]
+
+
+def test_report_of_a_folder_without_runs_says_what_it_needs(tmp_path):
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "runs/<policy>@<segment>.json" in result.output

@@ -170,6 +170,22 @@ def train(
     print(f"run folder: {outcome['run_dir']}")
 
 
+@app.command()
+def report(
+    run_dir: str = typer.Argument(..., help="a simulated RL run folder (runs/<run>)"),
+) -> None:
+    """Redraw the figures, table.md and report.html of a simulated RL experiment from its
+    kept runs (runs/<policy>@<segment>.json): after Ctrl-C, or with a newer PEARL."""
+    from pearl.errors import PearlError
+    from pearl.sim.experiment import rebuild_report
+
+    try:
+        print(f"report: {rebuild_report(run_dir)}")
+    except (PearlError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+
+
 config_app = typer.Typer(help="Run configurations.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 

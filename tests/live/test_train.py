@@ -331,9 +331,19 @@ def start_training_until_checkpoint(
     while not saved.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     if not saved.is_file():
-        proc.kill()
-        raise AssertionError(f"no checkpoint v{version} appeared: {proc.communicate()[1][-2000:]}")
+        stop_process(proc)
+        raise AssertionError(f"no checkpoint v{version} appeared: {proc.stderr.read()[-2000:]}")
     return proc
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM first (the run stops its Ray processes; SIGKILL would orphan them)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
@@ -352,8 +362,7 @@ def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkp
         os.kill(trainer, signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_process(proc)
     assert proc.returncode == 2, out + err
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "the trainer's process died" in line and "--resume" in line
@@ -390,8 +399,7 @@ def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, t
         proc.send_signal(stop)
         out, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_process(proc)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err and "--resume" in err and str(tmp_path / "s") in err
     assert "Traceback" not in err

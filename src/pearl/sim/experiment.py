@@ -231,10 +231,6 @@ def run_experiment(
         for t, gpus in r["rollout_gpus"]:
             run.event({**tag, "kind": "budget", "t": t, "rollout_gpus": gpus})
     board.close()
-    table = throughput_table(runs, cfg.policies, cfg.elastic.segments)
-    details = time_table(runs) + "\n\n" + steps_table(runs)
-    (run.path / "table.md").write_text(table + "\n\n" + details + "\n")
-    figures = experiment_figures(runs, cfg.elastic.segments, run.path, setting.cost.tp)
     wall = time.perf_counter() - start
     run.summary(
         {
@@ -253,16 +249,63 @@ def run_experiment(
         }
     )
     run.close()
-    report = write_report(
-        run.path,
-        f"PEARL simulated RL: {setting.cost.model.name}, workload {setting.profile.name}",
-        f"{len(runs)} runs ({len(cfg.policies)} policies x {len(cfg.elastic.segments)} "
-        f"availability segments of {cfg.rl.duration_s:g} s), {wall:.0f} s wall.",
-        report_sections(runs, cfg.elastic.segments, table, figures),
-        warnings,
-    )
+    table, report = write_tables_and_report(cfg, runs, run.path, setting.cost.tp, warnings)
     log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes); report: {report}")
     return ExperimentOutcome(str(run.path), runs, table, wall, time_table(runs))
+
+
+def write_tables_and_report(
+    cfg: RLExperimentConfig, runs: list[dict], folder: Path, tp: int, warnings: list[str]
+) -> tuple[str, Path]:
+    """``table.md``, the figures and ``report.html`` of finished runs; the throughput table
+    and the report's path."""
+    policies = [p for p in cfg.policies if any(r["policy"] == p for r in runs)]
+    segments = [s for s in cfg.elastic.segments if any(r["segment"] == s for r in runs)]
+    table = throughput_table(runs, policies, segments)
+    details = time_table(runs) + "\n\n" + steps_table(runs)
+    (folder / "table.md").write_text(table + "\n\n" + details + "\n")
+    figures = experiment_figures(runs, segments, folder, tp)
+    complete = len(runs) == len(cfg.policies) * len(cfg.elastic.segments)
+    report = write_report(
+        folder,
+        f"PEARL simulated RL: {cfg.model.name}, workload {cfg.workload.profile}",
+        f"{len(runs)} runs ({len(policies)} policies x {len(segments)} availability segments "
+        f"of {cfg.rl.duration_s:g} s)"
+        + (
+            "."
+            if complete
+            else f"; {len(cfg.policies) * len(cfg.elastic.segments)} configured "
+            "(the experiment was interrupted)."
+        ),
+        report_sections(runs, segments, table, figures),
+        warnings,
+    )
+    return table, report
+
+
+def rebuild_report(folder: str | Path) -> Path:
+    """Figures, ``table.md`` and ``report.html`` again from a run folder's ``config.yaml`` and
+    kept runs (``runs/*.json``): after an interrupted experiment, or a newer PEARL."""
+    from pearl.config import load_config
+
+    folder = Path(folder)
+    kept = sorted((folder / "runs").glob("*@*.json")) if (folder / "runs").is_dir() else []
+    if not (folder / "config.yaml").is_file() or not kept:
+        raise ConfigError(
+            f"{folder}: not a simulated RL run folder with finished runs (needs config.yaml "
+            f"and runs/<policy>@<segment>.json)"
+        )
+    cfg = load_config(RLExperimentConfig, folder / "config.yaml")
+    loaded = {}
+    for path in kept:
+        r = json.loads(path.read_text())
+        loaded[(r["policy"], r["segment"])] = r
+    order = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
+    runs = [loaded[j] for j in order if j in loaded]
+    warnings = []
+    for name in cfg.elastic.segments:
+        warnings += trace_warnings(name, load_trace(name), cfg.rl.duration_s)
+    return write_tables_and_report(cfg, runs, folder, cfg.cluster.tp, warnings)[1]
 
 
 @contextmanager
