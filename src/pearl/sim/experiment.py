@@ -365,7 +365,7 @@ def report_sections(
             for stem in pngs
             if stem.startswith(f"{kind}_{k + 1}_")
         ]
-        sections.append(Section(f"Segment {segment}", figures=shown))
+        sections.append(Section(f"Availability trace: {segment}", figures=shown))
     sections.append(Section("Per step (PEARL family)", tables=[steps_table(runs)]))
     return sections
 
