@@ -237,42 +237,67 @@ def _stacked(ax: Any, labels: list[str], values: list[dict], scale: float) -> No
     ax.grid(axis="x", alpha=0.3)
 
 
-def decision_points(run: dict) -> list[tuple[float, float, str]]:
-    """``(predicted, simulated, topology)`` per batch whose start had a decision: the
-    makespan the decision engine predicted for the topology it chose against the rollout
-    time the simulator then took."""
+def decision_points(run: dict) -> list[tuple[float, float, bool]]:
+    """``(predicted, simulated, steady)`` per batch whose start had a decision: the makespan
+    the decision engine predicted for the topology it chose, the rollout time the simulator
+    then took, and whether the batch ran on that many workers throughout (borrowed GPUs or
+    an availability change during the batch make it faster or slower than predicted)."""
     decisions: dict[float, dict] = {}
     for e in run["events"]:
         if e.get("kind") == "decision" and e.get("target_makespan_s") is not None:
             decisions[round(e["t"], 3)] = e  # the last decision taken at that instant
     points = []
     for row in run["rows"]:
-        d = decisions.get(round(row["rollout_started_s"], 3))
-        if d is not None:
-            points.append((d["target_makespan_s"], row["timing/rollout"], d["target"]))
+        start = row["rollout_started_s"]
+        d = decisions.get(round(start, 3))
+        if d is None:
+            continue
+        end = start + row["timing/rollout"]
+        counts = {
+            sum(v for k, v in e.items() if k not in ("t", "step"))
+            for e in _entries_during(run["timeline"], start, end)
+        }
+        points.append((d["target_makespan_s"], row["timing/rollout"], counts == {d["workers"]}))
     return points
+
+
+def _entries_during(timeline: list[dict], start: float, end: float) -> list[dict]:
+    """The timeline entries in effect at some time in ``[start, end)``."""
+    before = [e for e in timeline if e["t"] <= start]
+    during = [e for e in timeline if start < e["t"] < end]
+    return before[-1:] + during
 
 
 def decisions_figure(runs: list[dict], segment: str) -> Any | None:
     """Predicted vs simulated rollout makespans of the adaptive policies; None if no run
-    took a decision at a batch start."""
+    took a decision at a batch start. Filled: the batch kept the decided worker count;
+    hollow: workers joined, left or were borrowed during it."""
     plt = _pyplot()
     series = [(r, decision_points(r)) for r in runs]
     series = [(r, pts) for r, pts in series if pts]
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(5.2, 4.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(5.6, 4.6), layout="constrained")
     markers = "osD^v<>"
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
     hi = 0.0
     for k, (r, pts) in enumerate(series):
-        ax.scatter(
-            [p for p, _, _ in pts],
-            [s for _, s, _ in pts],
-            s=14,
-            marker=markers[k % len(markers)],
-            alpha=0.75,
-            label=f"{display_name(r['policy'])} ({len(pts)} batches)",
-        )
+        color = colors[k % len(colors)]
+        for steady in (True, False):
+            chosen = [(p, s) for p, s, st in pts if st is steady]
+            if not chosen:
+                continue
+            ax.scatter(
+                [p for p, _ in chosen],
+                [s for _, s in chosen],
+                s=18,
+                marker=markers[k % len(markers)],
+                facecolors=color if steady else "none",
+                edgecolors=color,
+                alpha=0.8,
+                label=f"{display_name(r['policy'])}: {len(chosen)} batches"
+                + ("" if steady else ", workers changed"),
+            )
         hi = max(hi, *(max(p, s) for p, s, _ in pts))
     ax.plot([0, hi * 1.05], [0, hi * 1.05], color="black", linewidth=0.8, label="prediction exact")
     ax.set_xlim(0, hi * 1.05)
@@ -281,7 +306,7 @@ def decisions_figure(runs: list[dict], segment: str) -> Any | None:
     ax.set_ylabel("simulated rollout time of the batch (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(f"{segment}: decision engine's makespan model", fontsize=9)
+    ax.set_title(f"{segment}: decision engine's makespan model at each batch start", fontsize=9)
     return fig
 
 
