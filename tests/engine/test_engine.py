@@ -416,3 +416,14 @@ def test_sglang_and_mixed_scheduling_give_the_same_tokens(tiny_config):
     for rid, out in outs[0].items():
         assert outs[1][rid].token_ids == out.token_ids
         assert np.allclose(outs[1][rid].logprobs, out.logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 28_311_552, 2**31 + 7])
+def test_fingerprint_samples_stay_inside_large_parameters(n):
+    """SmolLM2's embedding has 28,311,552 values: float32 linspace put its last sample at
+    index n (out of bounds) and every SmolLM2 engine failed to start."""
+    from pearl.engine.engine import spread_indices
+
+    index = spread_indices(n, 64)
+    assert len(index) == min(n, 64) and int(index[0]) == 0 and int(index[-1]) == n - 1
+    assert bool((index[1:] > index[:-1]).all())

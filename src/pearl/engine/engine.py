@@ -76,9 +76,16 @@ def model_fingerprint(model: DecoderForCausalLM, samples: int = 64) -> str:
             flat = param.detach().reshape(-1)
             h.update(f"{name}:{tuple(param.shape)}".encode())
             if flat.numel():
-                index = torch.linspace(0, flat.numel() - 1, min(samples, flat.numel())).long()
+                index = spread_indices(flat.numel(), samples)
                 h.update(flat[index].to(torch.float64).cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def spread_indices(n: int, k: int) -> torch.Tensor:
+    """``min(k, n)`` indices spread evenly over ``range(n)``, first and last included, in
+    integer arithmetic (float32 ``linspace`` rounds ``n - 1`` up to ``n`` past 2**24)."""
+    k = min(k, n)
+    return torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)
 
 
 class LLMEngine:
