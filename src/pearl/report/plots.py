@@ -16,6 +16,7 @@ def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     folder = Path(folder)
     steps = [r["step"] for r in rows]
@@ -29,6 +30,7 @@ def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Pa
     ax.set_title("Training batches (trajectories of training tasks)")
     ax.grid(alpha=0.3)
     ax.legend()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     written += save(fig, folder, "reward")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
@@ -43,5 +45,8 @@ def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Pa
     right.set_ylabel("seconds")
     right.set_title("Per step (they overlap: staleness 1)")
     right.legend()
+    left.set_ylim(bottom=0)
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     written += save(fig, folder, "throughput")
     return written
