@@ -11,7 +11,7 @@ import typer
 
 app = typer.Typer(
     help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL. "
-    "Every config default, with what it means: pearl config show [rollout|rl|train].",
+    "Every config default, with what it means: pearl config show rollout, rl or train.",
     no_args_is_help=True,
 )
 
