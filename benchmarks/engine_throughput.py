@@ -18,13 +18,15 @@ model with random weights, fp32, on CPU, with one torch thread.
 
 Both replays do the same useful work: identical prompt lengths and response lengths
 (token ids differ only where greedy decoding of the two implementations diverges).
-Also measured: steady-state decode tokens/s at batch 1, 8, 32, 64 for both, and the
-engine's scheduler overhead (schedule + postprocess) as a fraction of iteration time.
+Also measured: steady-state decode tokens/s at batch 1, 8, 32, 64 for both, in lockstep
+(one engine step inside every ``generate`` step, so both see the same machine load;
+``--decode-only --decode-repeats N`` for the table alone, repeated), and the engine's
+scheduler overhead (schedule + postprocess) as a fraction of iteration time.
 
 Prints one table and writes JSON (``--out``). ``--quick`` is a smoke run (< 1 minute).
 
     .venv/bin/python benchmarks/engine_throughput.py            # 16 x 4 (~8 min, 2-core CPU)
-    .venv/bin/python benchmarks/engine_throughput.py --full     # 32 x 8 (~1 hour, mostly HF)
+    .venv/bin/python benchmarks/engine_throughput.py --full     # 32 x 8 (20-45 min, mostly HF)
     .venv/bin/python benchmarks/engine_throughput.py --quick    # smoke run (< 1 min)
 """
 
@@ -52,7 +54,7 @@ from pearl.models.config import ModelConfig  # noqa: E402
 
 BLOCK_SIZE = 16
 # Workload sizes. Token ranges are the same for the default and --full; the full replay
-# (the issue's 32 x 8) takes ~1 hour here because HF re-prefills every context each turn.
+# (the issue's 32 x 8) takes 20-45 min here, mostly HF: it re-prefills every context each turn.
 FULL_SESSIONS, FULL_TURNS = 32, 8
 DEFAULT_SESSIONS, DEFAULT_TURNS = 16, 4
 
@@ -202,6 +204,9 @@ class ReplayResult:
 def replay_pearl(
     engine: LLMEngine, sessions: list[Session], progress: bool = False
 ) -> ReplayResult:
+    dkv = engine.runner.decode_kv
+    dkv_keys = ("filled_tokens", "moved_rows", "resorts", "fallbacks")
+    dkv_before = {k: getattr(dkv, k) for k in dkv_keys} if dkv is not None else {}
     before = engine.stats()
     before = {
         k: getattr(before, k)
@@ -292,6 +297,9 @@ def replay_pearl(
             "scheduler_fraction": sched_frac,
             "unaccounted_time_s": wall - d["scheduler_time"] - d["model_time"],
             "mean_requests_in_flight": statistics.fmean(batch_sizes) if batch_sizes else 0.0,
+            # Contiguous decode K/V rows: tokens copied in from the paged cache, rows moved,
+            # re-sorts, iterations that fell back to per-layer gathers (buffer over its cap).
+            "decode_rows": {k: getattr(dkv, k) - v for k, v in dkv_before.items()},
         },
     )
 
@@ -360,39 +368,20 @@ def replay_hf(hf, sessions: list[Session], batch: int, progress: bool = False) -
 
 # -- decode rates --------------------------------------------------------------------
 def decode_pearl(
-    folder: Path, batch: int, prompt_len: int, steps: int, windows: int, vocab: int
+    folder: Path,
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    windows: int,
+    vocab: int,
+    gather: bool = False,
 ) -> dict:
     """Steady-state decode of ``batch`` sequences: ``windows`` timed windows of ``steps``
-    decode-only iterations each (median window reported; the CPU is shared, so windows vary)."""
+    decode-only iterations each (median window reported; the CPU is shared, so windows vary).
+    ``gather``: the engine's previous decode path (every layer gathers each sequence's
+    blocks out of the paged cache) instead of its contiguous per-sequence K/V rows."""
     warmup = 4
-    budget = warmup + windows * steps
-    max_new = budget + 64  # sequences admitted first decode during the others' prefill
-    max_len = prompt_len + max_new + 16
-    engine = LLMEngine.from_folder(
-        folder,
-        EngineConfig(
-            block_size=BLOCK_SIZE,
-            num_kv_blocks=batch * (-(-max_len // BLOCK_SIZE)) + 8,
-            max_num_batched_tokens=512,
-            max_num_seqs=max(64, batch),
-            max_model_len=max_len,
-        ),
-    )
-    rng = random.Random(batch)
-    for i in range(batch):
-        ids = [rng.randrange(1, vocab) for _ in range(prompt_len)]
-        engine.add_request(
-            Request(
-                f"d{i}", ids, SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
-            )
-        )
-    # Prefill until every sequence is decoding (one token per step, no prefill), then warm up.
-    for _ in range(10_000):
-        a = engine.stats().prefill_tokens
-        engine.step()
-        s = engine.stats()
-        if s.prefill_tokens == a and s.running == batch:
-            break
+    engine = decoding_engine(folder, batch, prompt_len, warmup + windows * steps, vocab, gather)
     for _ in range(warmup):
         engine.step()
     rates, scheds, models, walls = [], [], [], []
@@ -423,56 +412,263 @@ def decode_pearl(
         "model_ms_per_step": 1000 * model / (steps * windows),
         "scheduler_fraction": sched / (sched + model),
         "scheduler_fraction_of_wall": sched / sum(walls),
-        "context_len_range": [prompt_len + 1, prompt_len + max_new],
+        "context_len_range": [prompt_len + 1, prompt_len + warmup + windows * steps + 64],
     }
 
 
-class _StepClock:
-    """A logits processor that only timestamps each ``generate`` step (one call per token)."""
+def decoding_engine(
+    folder: Path, batch: int, prompt_len: int, budget: int, vocab: int, gather: bool = False
+) -> LLMEngine:
+    """An engine with ``batch`` requests of ``prompt_len`` random tokens, stepped until every
+    one is decoding (one token per step, no prefill left), with room for ``budget`` more
+    pure-decode steps."""
+    max_new = budget + 64  # sequences admitted first decode during the others' prefill
+    max_len = prompt_len + max_new + 16
+    engine = LLMEngine.from_folder(
+        folder,
+        EngineConfig(
+            block_size=BLOCK_SIZE,
+            num_kv_blocks=batch * (-(-max_len // BLOCK_SIZE)) + 8,
+            max_num_batched_tokens=512,
+            max_num_seqs=max(64, batch),
+            max_model_len=max_len,
+        ),
+    )
+    if gather:
+        engine.runner.decode_kv = None
+    rng = random.Random(batch)
+    for i in range(batch):
+        ids = [rng.randrange(1, vocab) for _ in range(prompt_len)]
+        engine.add_request(
+            Request(
+                f"d{i}", ids, SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+            )
+        )
+    # Prefill until every sequence is decoding (one token per step, no prefill).
+    for _ in range(10_000):
+        a = engine.stats().prefill_tokens
+        engine.step()
+        s = engine.stats()
+        if s.prefill_tokens == a and s.running == batch:
+            break
+    return engine
 
-    def __init__(self) -> None:
-        self.times: list[float] = []
+
+class _Lockstep:
+    """A logits processor that runs one step of each engine inside every ``generate`` step,
+    so the engines and transformers alternate step by step and see the same machine load.
+    ``hf[i]`` is the wall time of generate step ``i + 1`` (from the end of the engines' turn
+    to the next call: the forward, the cache update and generate's own per-token work)."""
+
+    def __init__(self, engines: dict[str, LLMEngine]) -> None:
+        self.engines = engines
+        self.times: dict[str, list[float]] = {name: [] for name in engines}
+        self.hf: list[float] = []
+        self._left: float | None = None
 
     def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
+        now = time.perf_counter()
+        if self._left is not None:
+            self.hf.append(now - self._left)
+        for name, engine in self.engines.items():
+            t0 = time.perf_counter()
+            engine.step()
+            self.times[name].append(time.perf_counter() - t0)
+        self._left = time.perf_counter()
         return scores
 
 
-def decode_hf(hf, batch: int, prompt_len: int, steps: int, windows: int, vocab: int) -> dict:
-    """Decode rate of ``generate``: per-step timestamps (a logits processor) over
-    ``windows`` windows of ``steps`` steps after 4 warm-up steps; median window reported."""
+def decode_lockstep(
+    folder: Path,
+    hf,
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    windows: int,
+    vocab: int,
+    compare_gather: bool = False,
+) -> dict[str, dict]:
+    """Decode tokens/s of the engine (and of its gather path) and of ``generate`` measured in
+    lockstep (``_Lockstep``): after 4 warm-up steps, ``windows`` windows of ``steps`` steps;
+    each system's rate is its median window, and the ratio is taken window by window."""
     from transformers import LogitsProcessorList
 
-    rng = random.Random(batch)
-    contexts = [[rng.randrange(1, vocab) for _ in range(prompt_len)] for _ in range(batch)]
-    ids = torch.tensor(contexts)
-    clock = _StepClock()
     warmup = 4
-    n = warmup + windows * steps + 1
+    n = warmup + windows * steps
+    engines = {"pearl": decoding_engine(folder, batch, prompt_len, n + 1, vocab)}
+    if compare_gather:
+        engines["pearl_gather"] = decoding_engine(
+            folder, batch, prompt_len, n + 1, vocab, gather=True
+        )
+    before = {k: e.stats() for k, e in engines.items()}
+    before = {
+        k: (s.prefill_tokens, s.decode_tokens, s.scheduler_time, s.model_time)
+        for k, s in before.items()
+    }
+    rng = random.Random(batch)
+    ids = torch.tensor([[rng.randrange(1, vocab) for _ in range(prompt_len)] for _ in range(batch)])
+    clock = _Lockstep(engines)
     with torch.inference_mode():
         hf.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
+            max_new_tokens=n + 1,
+            min_new_tokens=n + 1,
             do_sample=False,
             use_cache=True,
             pad_token_id=0,
             logits_processor=LogitsProcessorList([clock]),
         )
-    t = clock.times  # t[i]: logits of new token i are ready; t[i+1] - t[i] is one decode step
-    assert len(t) == n, (len(t), n)
-    walls = [t[warmup + (w + 1) * steps] - t[warmup + w * steps] for w in range(windows)]
-    rates = [batch * steps / x for x in walls]
-    i = sorted(range(windows), key=lambda j: rates[j])[windows // 2]
-    return {
-        "batch": batch,
-        "steps_per_window": steps,
-        "windows_tokens_per_s": rates,
-        "tokens_per_s": rates[i],
-        "ms_per_step": 1000 * walls[i] / steps,
-        "context_len_range": [prompt_len + 1, prompt_len + n],
+    assert len(clock.hf) == n, (len(clock.hf), n)
+    series = {"hf": clock.hf}
+    for name, engine in engines.items():
+        s = engine.stats()
+        p0, d0, sc0, m0 = before[name]
+        assert s.prefill_tokens == p0 and s.decode_tokens - d0 == batch * (n + 1), (
+            "not a pure decode run"
+        )
+        # Engine step i + 1 ran right after generate step i: pair them.
+        series[name] = clock.times[name][1:]
+    out: dict[str, dict] = {}
+    for name, t in series.items():
+        walls = [sum(t[warmup + w * steps : warmup + (w + 1) * steps]) for w in range(windows)]
+        rates = [batch * steps / x for x in walls]
+        i = sorted(range(windows), key=lambda j: rates[j])[windows // 2]
+        out[name] = {
+            "batch": batch,
+            "steps_per_window": steps,
+            "windows_tokens_per_s": rates,
+            "tokens_per_s": rates[i],
+            "ms_per_step": 1000 * walls[i] / steps,
+            "median_step_ms": 1000 * statistics.median(t[warmup:]),
+        }
+        if name != "hf":
+            s = engines[name].stats()
+            sched, model = s.scheduler_time - before[name][2], s.model_time - before[name][3]
+            out[name]["scheduler_fraction"] = sched / (sched + model)
+    hf_rates = out["hf"]["windows_tokens_per_s"]
+    for name in engines:
+        out[name]["windows_ratio_vs_hf"] = [
+            a / b for a, b in zip(out[name]["windows_tokens_per_s"], hf_rates, strict=True)
+        ]
+    return out
+
+
+def measure_decode(
+    folder: Path,
+    hf,
+    batches: list[int],
+    prompt_len: int,
+    steps: int,
+    repeats: int,
+    vocab: int,
+    compare_gather: bool = False,
+) -> dict:
+    """Decode tokens/s per batch size, ``repeats`` times. With ``hf``, the engine(s) and
+    ``generate`` run in lockstep (``decode_lockstep``: one engine step inside every generate
+    step, so all systems see the same machine load); without, the engine alone
+    (``decode_pearl``). Each measurement is the median of 3 windows; reports every repeat,
+    their median and min-max spread, and the ratio of medians. ``compare_gather`` also
+    measures the engine's previous decode path (``pearl_gather``)."""
+    res: dict = {
+        "prompt_len": prompt_len,
+        "steps": steps,
+        "repeats": repeats,
+        "method": "engine only" if hf is None else "lockstep with generate",
+        "pearl": [],
+        "hf": [],
+        "summary": [],
     }
+    if compare_gather:
+        res["pearl_gather"] = []
+    for b in batches:
+        runs: dict[str, list[dict]] = {"pearl": [], "hf": []}
+        if compare_gather:
+            runs["pearl_gather"] = []
+        for r in range(repeats):
+            if hf is None:
+                got = {"pearl": decode_pearl(folder, b, prompt_len, steps, 3, vocab)}
+                if compare_gather:
+                    got["pearl_gather"] = decode_pearl(
+                        folder, b, prompt_len, steps, 3, vocab, gather=True
+                    )
+            else:
+                got = decode_lockstep(folder, hf, b, prompt_len, steps, 3, vocab, compare_gather)
+            for name, d in got.items():
+                runs[name].append(d)
+            d = got["pearl"]
+            line = (
+                f"decode batch {b} repeat {r + 1}/{repeats}: pearl {d['tokens_per_s']:.1f} tok/s "
+                f"({d['ms_per_step']:.1f} ms/step, scheduler {d['scheduler_fraction']:.1%})"
+            )
+            if "pearl_gather" in got:
+                line += f", pearl-gather {got['pearl_gather']['tokens_per_s']:.1f} tok/s"
+            if "hf" in got:
+                hd = got["hf"]
+                line += f", hf {hd['tokens_per_s']:.1f} tok/s ({hd['ms_per_step']:.1f} ms/step)"
+            print(line, flush=True)
+        row: dict = {"batch": b}
+        for name, rs in runs.items():
+            if not rs:
+                continue
+            rates = [x["tokens_per_s"] for x in rs]
+            med = statistics.median(rates)
+            # The repeat closest to the median stands for the system in the per-batch list.
+            rep = min(rs, key=lambda x: abs(x["tokens_per_s"] - med))
+            res[name].append({**rep, "tokens_per_s": med, "repeats_tokens_per_s": rates})
+            row[name] = {"median": med, "min": min(rates), "max": max(rates), "all": rates}
+        if "hf" in row:
+            row["ratio_of_medians"] = row["pearl"]["median"] / row["hf"]["median"]
+            row["ratio_per_repeat"] = [
+                a["tokens_per_s"] / h["tokens_per_s"]
+                for a, h in zip(runs["pearl"], runs["hf"], strict=True)
+            ]
+        if "pearl_gather" in row:
+            row["speedup_vs_gather_per_repeat"] = [
+                a["tokens_per_s"] / g["tokens_per_s"]
+                for a, g in zip(runs["pearl"], runs["pearl_gather"], strict=True)
+            ]
+        res["summary"].append(row)
+    return res
+
+
+def print_decode_table(dec: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(
+        title=(
+            f"Decode tokens/s ({dec['prompt_len']}-token prompts, {dec['steps']}-step windows, "
+            f"median of {dec['repeats']} repeat(s), \\[min-max])"
+        )
+    )
+    gather = "pearl_gather" in dec
+    cols = ["batch", "PEARL engine", "HF generate", "PEARL / HF (per-repeat range)"]
+    if gather:
+        cols += ["PEARL, gather path", "rows / gather (per-repeat range)"]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for row in dec["summary"]:
+
+        def fmt(x: dict | None) -> str:
+            if x is None:
+                return "-"
+            return f"{x['median']:.1f} \\[{x['min']:.1f}-{x['max']:.1f}]"
+
+        ratio = ""
+        if "ratio_of_medians" in row:
+            rr = row["ratio_per_repeat"]
+            ratio = f"{row['ratio_of_medians']:.2f}x \\[{min(rr):.2f}-{max(rr):.2f}]"
+        cells = [str(row["batch"]), fmt(row.get("pearl")), fmt(row.get("hf")), ratio]
+        if gather:
+            sp = row["speedup_vs_gather_per_repeat"]
+            speedup = row["pearl"]["median"] / row["pearl_gather"]["median"]
+            cells += [
+                fmt(row.get("pearl_gather")),
+                f"{speedup:.2f}x \\[{min(sp):.2f}-{max(sp):.2f}]",
+            ]
+        t.add_row(*cells)
+    Console(width=max(110, Console().width)).print(t)
 
 
 # -- reporting -----------------------------------------------------------------------
@@ -562,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument(
         "--full",
         action="store_true",
-        help=f"the issue's workload, {FULL_SESSIONS} sessions x {FULL_TURNS} turns (~1 hour on 2 CPU cores, "
+        help=f"the issue's workload, {FULL_SESSIONS} sessions x {FULL_TURNS} turns (20-45 min on 2 CPU cores, "
         "almost all of it in HF generate); default is "
         f"{DEFAULT_SESSIONS} x {DEFAULT_TURNS} (~10 minutes)",
     )
@@ -572,6 +768,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--decode-batches", default="1,8,32,64")
     ap.add_argument("--decode-steps", type=int, default=None)
+    ap.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="only the decode table (no replay): engine and HF alternate per batch size",
+    )
+    ap.add_argument(
+        "--decode-repeats",
+        type=int,
+        default=None,
+        help="measurements per batch size and system (default 1; 5 with --decode-only); "
+        "the median and the min-max spread over repeats are reported",
+    )
+    ap.add_argument(
+        "--decode-compare-gather",
+        action="store_true",
+        help="also measure the engine's previous decode path (per-layer block gather)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="results/engine_throughput.json")
     args = ap.parse_args(argv)
@@ -598,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
     decode_steps = args.decode_steps or (4 if args.quick else 32)
     decode_prompt = 32 if args.quick else 128
+    decode_repeats = args.decode_repeats or (5 if args.decode_only else 1)
 
     vocab = MODEL_HF_CONFIG["vocab_size"]
     sessions = make_workload(spec, vocab)
@@ -664,16 +878,18 @@ def main(argv: list[str] | None = None) -> int:
         replay_pearl(engine, warm)
         engine.blocks.reset_prefix_cache()
 
-        pearl = replay_pearl(engine, sessions, progress=True)
-        result["replay"] = {"pearl": summarize(pearl)}
-        print(
-            f"pearl replay: {pearl.wall_s:.1f}s, {pearl.generated_tokens / pearl.wall_s:.1f} gen tok/s",
-            flush=True,
-        )
+        if not args.decode_only:
+            pearl = replay_pearl(engine, sessions, progress=True)
+            result["replay"] = {"pearl": summarize(pearl)}
+            print(
+                f"pearl replay: {pearl.wall_s:.1f}s, "
+                f"{pearl.generated_tokens / pearl.wall_s:.1f} gen tok/s",
+                flush=True,
+            )
         del engine
         phase("pearl_replay")
 
-        if not args.skip_hf:
+        if not args.skip_hf and not args.decode_only:
             replay_hf(hf, warm, args.hf_batch)
             hfr = replay_hf(hf, sessions, args.hf_batch, progress=True)
             assert (hfr.generated_tokens, hfr.prompt_tokens) == (
@@ -688,34 +904,25 @@ def main(argv: list[str] | None = None) -> int:
             phase("hf_replay")
 
         if not args.skip_decode:
-            result["decode"] = {
-                "prompt_len": decode_prompt,
-                "steps": decode_steps,
-                "pearl": [],
-                "hf": [],
-            }
-            for b in decode_batches:
-                d = decode_pearl(folder, b, decode_prompt, decode_steps, 3, vocab)
-                result["decode"]["pearl"].append(d)
-                print(
-                    f"pearl decode batch {b}: {d['tokens_per_s']:.1f} tok/s, {d['ms_per_step']:.1f} ms/step, "
-                    f"scheduler {d['scheduler_fraction']:.1%}",
-                    flush=True,
-                )
-                if not args.skip_hf:
-                    hd = decode_hf(hf, b, decode_prompt, decode_steps, 3, vocab)
-                    result["decode"]["hf"].append(hd)
-                    print(
-                        f"hf decode batch {b}: {hd['tokens_per_s']:.1f} tok/s, {hd['ms_per_step']:.1f} ms/step",
-                        flush=True,
-                    )
+            result["decode"] = measure_decode(
+                folder,
+                None if args.skip_hf else hf,
+                decode_batches,
+                decode_prompt,
+                decode_steps,
+                decode_repeats,
+                vocab,
+                compare_gather=args.decode_compare_gather,
+            )
 
         if not args.skip_decode:
             phase("decode")
     result["phase_seconds"] = phases
-    p, h = result["replay"]["pearl"], result["replay"].get("hf")
-    ratio = p["generated_tokens_per_s"] / h["generated_tokens_per_s"] if h else None
-    result["replay"]["throughput_ratio"] = ratio
+    ratio = None
+    if "replay" in result:
+        p, h = result["replay"]["pearl"], result["replay"].get("hf")
+        ratio = p["generated_tokens_per_s"] / h["generated_tokens_per_s"] if h else None
+        result["replay"]["throughput_ratio"] = ratio
     d64 = next((d for d in result.get("decode", {}).get("pearl", []) if d["batch"] == 64), None)
     result["targets"] = {
         "throughput_ratio_vs_hf>=2": {
@@ -740,7 +947,10 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    print_table(result)
+    if "replay" in result:
+        print_table(result)
+    if "decode" in result:
+        print_decode_table(result["decode"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

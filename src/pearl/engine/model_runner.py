@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from pearl.engine.decode_kv import DecodeKV
 from pearl.engine.sampler import sample
 from pearl.engine.scheduler import SchedulerOutput
 from pearl.engine.sequence import Sequence
@@ -35,6 +36,7 @@ class ModelRunner:
         self.generator = torch.Generator().manual_seed(seed)
         self.kv_cache: torch.Tensor | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.decode_kv: DecodeKV | None = None  # contiguous K/V rows of decoding sequences
         self.allocate_kv_cache()
         self.workspace = GatherWorkspace()
         self.last_logits: torch.Tensor | None = None  # logits of the last iteration's samplers
@@ -55,11 +57,13 @@ class ModelRunner:
         self.kv_caches = [
             (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)
         ]
+        self.decode_kv = DecodeKV(self.kv_cache, self.block_size)
 
     def free_kv_cache(self) -> None:
         self.kv_cache = None
         self.workspace = GatherWorkspace()
         self.kv_caches = []
+        self.decode_kv = None
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -70,7 +74,19 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[list[int], list[float]]:
         """Compute the batch's KV, then sample a token for every sequence that samples."""
         input_ids, positions, meta, sample_rows = self._prepare(out)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        caches = self.kv_caches
+        if meta.decode_rows is not None:
+            assert self.decode_kv is not None
+            caches = [
+                (k, v, kr, vr)
+                for (k, v), (kr, vr) in zip(caches, self.decode_kv.layer_views, strict=True)
+            ]
+        try:
+            hidden = self.model(input_ids, positions, caches, meta)
+        except BaseException:
+            if self.decode_kv is not None:
+                self.decode_kv.reset()  # rows may hold part of this iteration's writes
+            raise
         samplers = out.sampling_sequences()
         if not samplers:
             return [], []
@@ -92,6 +108,8 @@ class ModelRunner:
         sample_rows: list[int] = []
         for chunk in out.prefills:
             seq, start, end = chunk.seq, chunk.start, chunk.end
+            if self.decode_kv is not None:
+                self.decode_kv.forget(seq)  # recomputed after preemption: refill its row
             q0 = len(ids)
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
@@ -109,10 +127,18 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
         num_prefill = len(ids)
         groups: list[DecodeGroup] = []
+        plan = None
+        if out.decodes and self.decode_kv is not None:
+            plan = self.decode_kv.plan(out.decodes)
         if out.decodes:
-            # Rows go in ascending context length so each group pads little; sampling
-            # rows map back to the scheduler's order.
-            order = sorted(range(len(out.decodes)), key=lambda i: out.decodes[i].num_tokens)
+            if plan is not None:
+                # Decode row r reads row r of the contiguous K/V rows (no per-layer gather).
+                order = plan.order
+            else:
+                # Fallback: gather each group's blocks in every layer. Rows go in ascending
+                # context length so each group pads little.
+                order = sorted(range(len(out.decodes)), key=lambda i: out.decodes[i].num_tokens)
+            # Sampling rows map back to the scheduler's order.
             row_of = [0] * len(order)
             for row, i in enumerate(order):
                 seq = out.decodes[i]
@@ -122,6 +148,8 @@ class ModelRunner:
                 slot_tables.append(seq.block_table[p // bs])
                 slot_offsets.append(p % bs)
                 row_of[i] = row
+            sample_rows.extend(num_prefill + row_of[i] for i in range(len(out.decodes)))
+        if out.decodes and plan is None:
             for start, end in _length_groups([out.decodes[i].num_tokens for i in order]):
                 seqs = [out.decodes[i] for i in order[start:end]]
                 max_blocks = -(-seqs[-1].num_tokens // bs)
@@ -139,7 +167,6 @@ class ModelRunner:
                         start, end, torch.tensor(tables, dtype=torch.long, device=dev), mask
                     )
                 )
-            sample_rows.extend(num_prefill + row_of[i] for i in range(len(out.decodes)))
         slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(
             slot_offsets, dtype=torch.long
         )
@@ -149,6 +176,7 @@ class ModelRunner:
             num_prefill_tokens=num_prefill,
             decode_groups=groups,
             workspace=self.workspace,
+            decode_rows=None if plan is None else plan.rows,
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
@@ -167,6 +195,8 @@ class ModelRunner:
     def write_kv(self, seq: Sequence, start: int, kv: torch.Tensor) -> None:
         """Write ``kv [layers, 2, n, kv_heads, head_dim]`` into the slots of tokens ``[start, start+n)``."""
         slots = self._slots(seq.block_table, start, start + kv.shape[2])
+        if self.decode_kv is not None:
+            self.decode_kv.forget(seq)
         cfg = self.model.config
         flat = self.kv_cache.view(
             cfg.num_hidden_layers, 2, cfg.num_key_value_heads, -1, cfg.head_dim

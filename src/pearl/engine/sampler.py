@@ -22,10 +22,12 @@ def sample(
     n = logits.shape[0]
     if n == 0:
         return [], []
-    temps = torch.tensor(
-        [p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=logits.dtype
-    )
-    logprobs_all = torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if all(t == 1.0 for t in temps):  # x / 1.0 == x: skip a pass over [n, vocab]
+        logprobs_all = torch.log_softmax(logits, dim=-1)
+    else:
+        scale = torch.tensor(temps, dtype=logits.dtype).unsqueeze(1)
+        logprobs_all = torch.log_softmax(logits / scale, dim=-1)
     if all(p.greedy for p in params):
         tokens = torch.argmax(logits, dim=-1)
     else:

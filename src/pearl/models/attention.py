@@ -6,6 +6,11 @@ attention kernel reads ~1.7x faster); a token's *slot* is ``block_id * block_siz
 flattened batch: the tokens of every prefill chunk first, then one token per
 decoding sequence. ``AttentionMetadata`` says where each new token's K/V is
 written and which slots each query attends to.
+
+Decodes normally read contiguous per-sequence K/V rows kept by the engine
+(``DecodeRows``, ``pearl.engine.decode_kv``): the new token's K/V is written to its row as
+well as to the paged cache, and attention reads the rows as views, so no layer copies a
+context. Without rows (``DecodeGroup``) every layer gathers the sequences' blocks first.
 """
 
 from __future__ import annotations
@@ -43,6 +48,20 @@ class DecodeGroup:
 
 
 @dataclass(slots=True)
+class DecodeRows:
+    """Decodes whose K/V live in contiguous per-sequence rows (``pearl.engine.decode_kv``):
+    decode row ``r`` of the flat batch (after the prefill tokens) is row ``r`` of each
+    layer's row buffers ``[rows, kv_heads, capacity, head_dim]``."""
+
+    # Where each (row, kv head) new K/V goes in a row buffer viewed as
+    # [rows * kv_heads * capacity, head_dim]: [num_decodes * kv_heads] int64.
+    write_index: torch.Tensor
+    # (row_start, row_end, context length, mask [rows, 1, 1, length] bool or None if every
+    # row of the group has that length): rows of similar length attend together.
+    groups: list[tuple[int, int, int, torch.Tensor | None]]
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """Where to write new K/V and what each query reads, for one iteration."""
 
@@ -55,6 +74,9 @@ class AttentionMetadata:
     workspace: GatherWorkspace | None = (
         None  # reused gather buffers (fresh large tensors page-fault)
     )
+    # Set instead of ``decode_groups`` when the decodes read per-sequence K/V rows (the
+    # layer's cache tuple then carries the row buffers as its third and fourth items).
+    decode_rows: DecodeRows | None = None
 
 
 class GatherWorkspace:
@@ -94,11 +116,20 @@ def paged_attention(
     k_cache: torch.Tensor,  # [KVH, num_blocks, block_size, D]
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
+    k_rows: torch.Tensor | None = None,  # [rows, KVH, capacity, D] (with meta.decode_rows)
+    v_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Store this iteration's K/V in the cache, then attend; returns ``[T, H, D]``."""
     kv_heads, _, block_size, head_dim = k_cache.shape
     k_cache.view(kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.view(kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    drows = meta.decode_rows
+    if drows is not None:
+        assert k_rows is not None and v_rows is not None
+        ds = meta.num_prefill_tokens
+        # The decodes' new K/V also go to their rows, which then hold each whole context.
+        k_rows.view(-1, head_dim).index_copy_(0, drows.write_index, k[ds:].reshape(-1, head_dim))
+        v_rows.view(-1, head_dim).index_copy_(0, drows.write_index, v[ds:].reshape(-1, head_dim))
     out = torch.empty_like(q)
     for seg in meta.prefills:
         qs, qe = seg.query_start, seg.query_end
@@ -133,6 +164,18 @@ def paged_attention(
         values = values.view(kv_heads, rows, -1, head_dim).transpose(0, 1)
         attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=group.mask)
         out[ds + group.row_start : ds + group.row_end] = attn.reshape(rows, num_heads, head_dim)
+    if drows is not None:
+        group_size = num_heads // kv_heads
+        for start, end, length, mask in drows.groups:
+            n = end - start
+            query = q[ds + start : ds + end].view(n, kv_heads, group_size, head_dim)
+            attn = F.scaled_dot_product_attention(
+                query,
+                k_rows[start:end, :, :length],  # views: no copy of the context
+                v_rows[start:end, :, :length],
+                attn_mask=mask,
+            )
+            out[ds + start : ds + end] = attn.reshape(n, num_heads, head_dim)
     return out
 
 

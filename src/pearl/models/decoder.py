@@ -51,7 +51,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, *kv_cache[2:])
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
     def dense(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
