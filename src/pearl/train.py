@@ -265,7 +265,7 @@ class TrainRun:
         plane = ControlPlane(world, policy, layout, log=log_event)
         rows: list[dict[str, Any]] = []
         first_step = 0
-        _cancel_on_sigterm()
+        stop = _StopOnSignals()
         try:
             await trainer.start(resume)
             first_step = trainer.weight_version
@@ -338,6 +338,8 @@ class TrainRun:
             steps = Progress(cfg.run.steps, "RL steps", logger=__name__)
 
             async def on_step(step: int, version: int) -> None:
+                if stop.requested:  # in case a cancellation was swallowed on the way
+                    raise asyncio.CancelledError
                 rec = plane.pipeline.records[step]
                 row = step_row(rec, version, offset, time.monotonic() - run_started)
                 row["roles"] = _roles(plane)
@@ -409,6 +411,7 @@ class TrainRun:
             why = "interrupted (Ctrl-C or SIGTERM)"
             raise self._stopped(folder, rows, first_step, why, RunStopped) from None
         finally:
+            stop.remove()  # a second Ctrl-C during the clean-up interrupts it
             folder.close()
             board.close()
             world.kill_all()
@@ -464,16 +467,34 @@ def write_train_report(
     )
 
 
-def _cancel_on_sigterm() -> None:
-    """SIGTERM stops the run as Ctrl-C does (asyncio cancels the main task on SIGINT): the
-    workers are killed and the folder marked incomplete instead of the process just dying."""
-    task = asyncio.current_task()
-    if task is None:
-        return
-    try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
-        pass
+class _StopOnSignals:
+    """Ctrl-C (SIGINT) and SIGTERM cancel the run's main task, through the event loop (Ray
+    defers SIGINT around its calls and asyncio's own SIGINT cancellation could be lost), and
+    raise a flag the run also checks after every step. A second signal acts as usual
+    (KeyboardInterrupt, or termination), for a stop that hangs."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._signals: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._loop.add_signal_handler(sig, self._stop)
+                self._signals.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
+
+    def _stop(self) -> None:
+        self.requested = True
+        self.remove()
+        if self._task is not None:
+            self._task.cancel()
+
+    def remove(self) -> None:
+        for sig in self._signals:
+            self._loop.remove_signal_handler(sig)
+        self._signals.clear()
 
 
 def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:
