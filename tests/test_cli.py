@@ -343,3 +343,12 @@ def test_throughput_table_uses_the_papers_names_and_enough_decimals():
 def test_report_of_a_folder_without_runs_says_what_it_needs(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "runs/<policy>@<segment>.json" in result.output
+
+
+def test_calibrate_without_fidelity_logs_its_phases_and_writes_the_profile(tmp_path):
+    out = tmp_path / "cpu.yaml"
+    args = ["calibrate", "--model", "qwen3-tiny", "--grid", "quick", "--repeats", "1"]
+    result = CliRunner().invoke(app, [*args, "--no-fidelity", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "calibrate: profile qwen3-tiny on the 'quick' grid" in result.output
+    assert "[16/16]" in result.output and str(out) in result.output and out.is_file()
