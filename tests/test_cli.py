@@ -119,17 +119,9 @@ def test_sigterm_stops_the_pool_and_keeps_the_finished_runs(tmp_path):
         x.name for x in runs.iterdir()
     )
 
-    def running(pid: int) -> bool:  # a zombie has ended (only its parent has not reaped it)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
+    from procfs import wait_until_gone
 
-    deadline = time.monotonic() + 15
-    while any(running(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    alive = [pid for pid in children if running(pid)]
+    alive = wait_until_gone(children, 15)
     assert not alive, f"pool workers left running: {alive}"
     # The finished runs make a report of their own (pearl report), marked as partial.
     from reportparse import parse_report

@@ -391,7 +391,7 @@ def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkp
 def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, tmp_path, stop):
     """Ctrl-C (SIGINT) or SIGTERM mid-run: exit 130 with where the results are and how to
     resume, the folder marked incomplete, and none of the run's processes left behind."""
-    from procfs import process_tree
+    from procfs import process_tree, wait_until_gone
 
     proc = start_training_until_checkpoint(chat_model, tmp_path, "s", steps=200, version=1)
     try:
@@ -406,14 +406,4 @@ def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, t
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["complete"] is False and summary["last_checkpoint"]
 
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    deadline = time.monotonic() + 30
-    while any(alive(p) for p in started) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not [p for p in started if alive(p)], "processes of the run outlived it"
+    assert not wait_until_gone(started, 30), "processes of the run outlived it"

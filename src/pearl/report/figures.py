@@ -197,7 +197,7 @@ def time_figure(runs: list[dict], segment: str) -> Any:
         1, 2, figsize=(10.0, 0.28 * max(len(per_worker), len(runs)) + 2.4), layout="constrained"
     )
     ids = sorted(per_worker, key=_natural)  # w2 before w10
-    _stacked(left, [_worker_label(w) for w in ids], [per_worker[w] for w in ids], scale=1.0)
+    _stacked(left, [_worker_label(w) for w in ids], [per_worker[w] for w in ids])
     left.set_xlabel("seconds")
     left.set_title(f"each worker under {display_name(focus['policy'])}", fontsize=9)
     shares = []
@@ -206,7 +206,7 @@ def time_figure(runs: list[dict], segment: str) -> Any:
         spent = {s: sum(row.get(f"time/{s}_s", 0.0) for row in rows) for s in STATES}
         total = sum(spent.values()) or 1.0
         shares.append({s: 100 * v / total for s, v in spent.items()})
-    _stacked(right, [display_name(r["policy"]) for r in runs], shares, scale=1.0)
+    _stacked(right, [display_name(r["policy"]) for r in runs], shares)
     right.set_xlim(0, 100)
     right.set_xlabel("% of active worker time")
     right.set_title("per policy", fontsize=9)
@@ -226,10 +226,10 @@ def _natural(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def _stacked(ax: Any, labels: list[str], values: list[dict], scale: float) -> None:
+def _stacked(ax: Any, labels: list[str], values: list[dict]) -> None:
     left = [0.0] * len(labels)
     for state, name in STATES.items():
-        widths = [scale * v.get(state, 0.0) for v in values]
+        widths = [v.get(state, 0.0) for v in values]
         ax.barh(labels, widths, left=left, color=STATE_COLORS[state], label=name)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
@@ -355,7 +355,7 @@ def rollout_figure(rows: list[dict]) -> Any:
         spent = {s: r.get(f"time/{s}_s", 0.0) for s in STATES}
         total = sum(spent.values()) or 1.0
         shares.append({s: 100 * v / total for s, v in spent.items()})
-    _stacked(right, labels, shares, scale=1.0)
+    _stacked(right, labels, shares)
     right.set_xlim(0, 100)
     right.set_xlabel("% of worker time")
     right.set_title("where the workers' time went", fontsize=9)

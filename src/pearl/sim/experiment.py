@@ -73,6 +73,15 @@ def trace_warnings(name: str, trace: AvailabilityTrace, duration_s: float) -> li
     return out
 
 
+def segment_warnings(cfg: RLExperimentConfig) -> list[str]:
+    """Every configured availability trace loaded (a bad one raises) and its warnings."""
+    return [
+        w
+        for name in cfg.elastic.segments
+        for w in trace_warnings(name, load_trace(name), cfg.rl.duration_s)
+    ]
+
+
 def build_setting(cfg: RLExperimentConfig) -> RLSetting:
     from pearl.sim.simulate import build_cost_model, check_fits, engine_config
 
@@ -156,9 +165,7 @@ def run_experiment(
     cfg: RLExperimentConfig, log: Callable[[str], None] = logger.info
 ) -> ExperimentOutcome:
     start = time.perf_counter()
-    warnings = []
-    for name in cfg.elastic.segments:  # fail fast on a bad trace, before any run starts
-        warnings += trace_warnings(name, load_trace(name), cfg.rl.duration_s)
+    warnings = segment_warnings(cfg)  # fails fast on a bad trace, before any run starts
     setting = build_setting(cfg)
     run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
     run.write_config(dump_config(cfg))
@@ -302,10 +309,7 @@ def rebuild_report(folder: str | Path) -> Path:
         loaded[(r["policy"], r["segment"])] = r
     order = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
     runs = [loaded[j] for j in order if j in loaded]
-    warnings = []
-    for name in cfg.elastic.segments:
-        warnings += trace_warnings(name, load_trace(name), cfg.rl.duration_s)
-    return write_tables_and_report(cfg, runs, folder, cfg.cluster.tp, warnings)[1]
+    return write_tables_and_report(cfg, runs, folder, cfg.cluster.tp, segment_warnings(cfg))[1]
 
 
 @contextmanager

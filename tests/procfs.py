@@ -35,3 +35,22 @@ def processes_named(prefix: str, within: set[int]) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is still running (a zombie has ended; only its parent has not reaped it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until_gone(pids, timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` for ``pids`` to end; the ones still running."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if running(p)]
