@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/ablation.py --pools 4 8 --rungs roll A pearl rl.duration_s=3600
 
 On fixed pools of dedicated rollout GPUs (16 training GPUs beside them), each rung of
-``pearl.sim.ablation.RUNGS`` runs ``rl.duration_s`` of the config (default
+``pearl.apps.paper.ablation.RUNGS`` runs ``rl.duration_s`` of the config (default
 configs/headline_paper.yaml) and is compared with ROLL on the same pool in the same run:
 A = forced disaggregation (the engine's best P:D split), B = A + ungated borrowing,
 C = A + the benefit gate, pearl = adaptive PD + the gate. Prints throughput, the change
@@ -21,9 +21,9 @@ import json
 import time
 from pathlib import Path
 
+from pearl.apps.experiment import time_table, topology_at
+from pearl.apps.paper.ablation import PAPER_FIG7_PCT, RUNGS, relative_to_roll, run_ladder
 from pearl.config import load_simulate_config
-from pearl.sim.ablation import PAPER_FIG7_PCT, RUNGS, relative_to_roll, run_ladder
-from pearl.sim.experiment import time_table, topology_at
 
 ROOT = Path(__file__).resolve().parents[1]
 

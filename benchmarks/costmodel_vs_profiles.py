@@ -26,7 +26,6 @@ from pathlib import Path
 
 from pearl.sim.costmodel import CostConstants, CostModel, allreduce_seconds
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
 from pearl.sim.operator_fit import (
     HELD_OUT_GROUPS,
     LINEAR_FIELDS,
@@ -37,6 +36,7 @@ from pearl.sim.operator_fit import (
     ratio_stats,
     training,
 )
+from pearl.sim.shapes import load_model_shape
 
 SHARP = replace(
     CostConstants(),

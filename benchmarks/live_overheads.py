@@ -33,7 +33,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pearl import fidelity as fid
+from pearl.apps import fidelity as fid
 from pearl.control.call_timer import TIMED, TimedWorker
 from pearl.live.server import ModelSpec
 from pearl.live.worker import ensure_ray

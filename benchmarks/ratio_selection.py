@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from statistics import median
 
+from pearl.apps.paper.ratio_selection import select_and_replay
+from pearl.apps.simulate import build_cost_model, engine_config
 from pearl.config import load_simulate_config
 from pearl.control.decision import DecisionConfig
-from pearl.sim.ratio_selection import select_and_replay
-from pearl.sim.simulate import build_cost_model, engine_config
 from pearl.workloads.agentic import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]

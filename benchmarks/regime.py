@@ -6,7 +6,7 @@
 
 Reads the workload profile, engine (``sim``) and cost profile (``cluster.profile``) of an
 ``kind: rl`` config, measures every characterization row of docs/regime.md with the
-single-batch simulator (see ``pearl.sim.regime``), prints target, simulated value and
+single-batch simulator (see ``pearl.apps.paper.regime``), prints target, simulated value and
 ratio, and writes ``regime.json``: ``{"rows": [{"id": "C4", "target": ..., "sim": ...,
 "ok": bool}, ...]}``. A row holds within 15% of its target (C8 is a bound). About a minute.
 """
@@ -18,9 +18,9 @@ import json
 import time
 from pathlib import Path
 
+from pearl.apps.paper.regime import RegimeSetting, measure
+from pearl.apps.simulate import build_cost_model, engine_config
 from pearl.config import load_simulate_config
-from pearl.sim.regime import RegimeSetting, measure
-from pearl.sim.simulate import build_cost_model, engine_config
 from pearl.workloads.agentic import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]

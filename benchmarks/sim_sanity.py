@@ -44,10 +44,10 @@ from typing import Any
 from pearl.control.deployment import Deployment
 from pearl.errors import PearlError
 from pearl.sim.costmodel import CostModel
+from pearl.sim.fixed import deployments_for, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import deployments_for, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
 
 GPU = "H800"

@@ -36,10 +36,10 @@ from pathlib import Path
 
 from pearl.control.deployment import Deployment
 from pearl.sim.costmodel import CostModel
+from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import FixedRolloutReport, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
 
 GPU = "H800"

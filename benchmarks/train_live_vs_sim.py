@@ -33,14 +33,14 @@ from pathlib import Path
 
 import yaml
 
-from pearl import fidelity as fid
+from pearl.apps import fidelity as fid
 from pearl.control.deployment import Deployment
-from pearl.engine.profiling import Sample, get_grid
+from pearl.engine.iteration_timing import Sample, get_grid
 from pearl.live.server import ModelSpec
 from pearl.live.worker import ensure_ray
 from pearl.models.catalog import resolve_model
+from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, TaskGroup, Trajectory, Turn
 
 GRID, REPEATS = "quick", 3

@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from pearl.train import TrainRun, load_train_config
+from pearl.apps.train.run import TrainRun, load_train_config
 
 
 def main() -> None:

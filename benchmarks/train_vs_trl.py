@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from pearl.apps.train.run import TrainRun, load_train_config
 from pearl.envs import make_env, split_seed
 from pearl.models.catalog import resolve_model
-from pearl.train import TrainRun, load_train_config
 
 MODEL = "smollm2-135m"
 ENV_OPTIONS = {"max_turns": 1}

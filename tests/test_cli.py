@@ -278,8 +278,8 @@ def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_pa
 
 @pytest.mark.parametrize("kind", ["rollout", "rl", "train"])
 def test_config_show_prints_every_default_with_its_meaning_as_a_loadable_config(kind, tmp_path):
+    from pearl.apps.train.run import TrainConfig
     from pearl.config import RLExperimentConfig, SimulateConfig, load_config
-    from pearl.train import TrainConfig
 
     result = CliRunner().invoke(app, ["config", "show", kind])
     assert result.exit_code == 0, result.output
@@ -319,7 +319,7 @@ def test_long_runs_report_progress_and_quiet_leaves_only_the_results(tmp_path):
 
 
 def test_throughput_table_uses_the_papers_names_and_enough_decimals():
-    from pearl.sim.experiment import throughput_table
+    from pearl.apps.experiment import throughput_table
 
     runs = [
         {"policy": p, "segment": "s1", "throughput": t, "steps": 12}

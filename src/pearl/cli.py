@@ -43,7 +43,7 @@ def demo(
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Multi-turn generation on a random-weight model: colocated vs disaggregated."""
-    from pearl.demo import run_demo
+    from pearl.apps.demo import run_demo
 
     report = run_demo(
         sessions=sessions, turns=turns, seed=seed, log=(lambda *_: None) if json_out else print
@@ -119,12 +119,12 @@ def simulate(
     try:
         cfg = load_simulate_config(config, list(ctx.args))
         if cfg.kind == "rl":
-            from pearl.sim.experiment import run_experiment
+            from pearl.apps.experiment import run_experiment
 
             outcome = run_experiment(cfg)
             print(f"{outcome.table}\n\n{outcome.time_table}\n")
         else:
-            from pearl.sim.simulate import run_simulate
+            from pearl.apps.simulate import run_simulate
 
             outcome = run_simulate(cfg)
     except RunInterrupted as exc:
@@ -148,8 +148,8 @@ def train(
 ) -> None:
     """Asynchronous multi-turn GRPO on a real model, live; extra args are key=value overrides
     (e.g. run.steps=5 rollout.workers=2 env.name=guess); every key: pearl config show train."""
+    from pearl.apps.train.run import TrainRun, load_train_config
     from pearl.errors import PearlError, RunStopped
-    from pearl.train import TrainRun, load_train_config
 
     try:
         cfg = load_train_config(config, list(ctx.args))
@@ -176,8 +176,8 @@ def report(
 ) -> None:
     """Redraw the figures, table.md and report.html of a simulated RL experiment from its
     kept runs (runs/<policy>@<segment>.json): after Ctrl-C, or with a newer PEARL."""
+    from pearl.apps.experiment import rebuild_report
     from pearl.errors import PearlError
-    from pearl.sim.experiment import rebuild_report
 
     try:
         print(f"report: {rebuild_report(run_dir)}")
@@ -208,7 +208,7 @@ def config_show(
         typer.echo(f"error: unknown config {kind!r}; valid: {', '.join(CONFIG_KINDS)}", err=True)
         raise typer.Exit(code=2)
     if kind == "train":
-        from pearl.train import TrainConfig
+        from pearl.apps.train.run import TrainConfig
 
         model: type = TrainConfig
     else:
@@ -274,9 +274,9 @@ def calibrate(
     import statistics
     from pathlib import Path
 
-    from pearl import fidelity as fid
+    from pearl.apps import fidelity as fid
+    from pearl.apps.calibrate import run_calibrate
     from pearl.errors import PearlError
-    from pearl.sim.calibrate import run_calibrate
 
     if calibration not in fid.CALIBRATIONS:
         typer.echo(

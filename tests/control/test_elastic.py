@@ -12,7 +12,7 @@ from pearl.control.state import WorkerStatus, WorkerTable, Zone
 from pearl.sim.clock import run_virtual
 from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.trainer import SimulatedTrainer
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
 from pearl.workloads.agentic import generate_batch, get_profile

@@ -158,9 +158,9 @@ def test_fidelity_compares_the_live_mean_of_repeats_with_one_simulation(ray_runt
     import dataclasses
     import statistics
 
-    from pearl import fidelity as fid
+    from pearl.apps import fidelity as fid
+    from pearl.sim.cost_profile import Profile
     from pearl.sim.hardware import CPU_PLACEHOLDER
-    from pearl.sim.profiles import Profile
 
     profile = Profile(  # any fitted-looking profile: this checks the protocol, not the error
         gpu=dataclasses.replace(
@@ -185,7 +185,7 @@ def test_fidelity_compares_the_live_mean_of_repeats_with_one_simulation(ray_runt
 
 
 def test_held_out_runs_measure_iterations_and_the_turn_calls_gap_under_load(ray_runtime):
-    from pearl import fidelity as fid
+    from pearl.apps import fidelity as fid
 
     model = ModelSpec(config=fid.CALIBRATION_MODEL)
     vocab = fid.CALIBRATION_MODEL["vocab_size"]
@@ -206,7 +206,7 @@ def test_held_out_runs_measure_iterations_and_the_turn_calls_gap_under_load(ray_
 
 
 def test_load_overheads_add_what_load_added_to_a_turn_call_to_every_call():
-    from pearl.fidelity import HeldOut
+    from pearl.apps.fidelity import HeldOut
 
     assert HeldOut().load_overheads(0.002, 0.001) == (0.002, 0.001)  # nothing measured
     loaded = HeldOut(gaps=[0.004, 0.008, 0.006])
@@ -216,7 +216,7 @@ def test_load_overheads_add_what_load_added_to_a_turn_call_to_every_call():
 
 @pytest.mark.parametrize("to", ["1P1D", "1C"])
 def test_live_mode_switch_and_shrink_mid_batch_complete_every_turn(ray_runtime, to):
-    from pearl import fidelity as fid
+    from pearl.apps import fidelity as fid
 
     case = fid.FidelityCase(f"2C -> {to}", "swe-cpu", 1, 2, "2C", seed=4, changes=((1.0, to),))
     model = ModelSpec(config=fid.CALIBRATION_MODEL)

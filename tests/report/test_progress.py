@@ -41,7 +41,7 @@ def test_plain_lines_count_share_elapsed_and_eta(captured, monkeypatch):
 def test_quiet_shows_warnings_only_and_verbose_shows_debug_with_names(captured):
     stream = captured()
     setup_logging(QUIET)
-    log = logging.getLogger("pearl.sim.experiment")
+    log = logging.getLogger("pearl.apps.experiment")
     with Progress(2, "runs") as bar:
         bar.advance("x")
     log.info("info line")
@@ -49,7 +49,7 @@ def test_quiet_shows_warnings_only_and_verbose_shows_debug_with_names(captured):
     assert stream.getvalue() == "a warning\n"
     setup_logging(VERBOSE)
     log.debug("debug line")
-    assert "DEBUG pearl.sim.experiment: debug line" in stream.getvalue()
+    assert "DEBUG pearl.apps.experiment: debug line" in stream.getvalue()
 
 
 def test_a_terminal_gets_a_live_bar_with_the_notes_above_it(monkeypatch):

@@ -1,4 +1,4 @@
-"""Model shapes and the iteration/training cost model (pearl.sim.models, pearl.sim.costmodel)."""
+"""Model shapes and the iteration/training cost model (pearl.sim.shapes, pearl.sim.costmodel)."""
 
 import dataclasses
 import json
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pearl.errors import ConfigError
 from pearl.sim.costmodel import MEASURED_LATENCIES, CostConstants, CostModel, WorkerLatencies
 from pearl.sim.hardware import H800, get_gpu
-from pearl.sim.models import CATALOG_CONFIGS, ModelShape, load_model_shape
+from pearl.sim.shapes import CATALOG_CONFIGS, ModelShape, load_model_shape
 
 QWEN8 = load_model_shape("Qwen3-8B")
 MOE = load_model_shape("Qwen3-30B-A3B")

@@ -1,4 +1,4 @@
-"""GPU catalog and profile files (pearl.sim.hardware, pearl.sim.profiles)."""
+"""GPU catalog and profile files (pearl.sim.hardware, pearl.sim.cost_profile)."""
 
 import dataclasses
 import json
@@ -6,10 +6,10 @@ import json
 import pytest
 
 from pearl.errors import ConfigError
+from pearl.sim.cost_profile import PROFILE_KEYS, Profile, load_profile, save_profile
 from pearl.sim.costmodel import CostConstants, WorkerLatencies
 from pearl.sim.hardware import GPU_CATALOG, H100, H800, GPUSpec, get_gpu
-from pearl.sim.models import load_model_shape
-from pearl.sim.profiles import PROFILE_KEYS, Profile, load_profile, save_profile
+from pearl.sim.shapes import load_model_shape
 
 
 def test_catalog_has_the_required_accelerators_with_sane_orders_of_magnitude():

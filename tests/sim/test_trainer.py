@@ -5,7 +5,7 @@ from pearl.errors import EngineStateError
 from pearl.sim.clock import run_virtual
 from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.trainer import SimulatedTrainer
 
 

@@ -175,10 +175,10 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
     block-aligned common prefix and receives only what it lacks; nothing is retried."""
     from pearl.control.router import Router
     from pearl.sim.costmodel import CostModel
+    from pearl.sim.fixed import SimKVMover
     from pearl.sim.hardware import get_gpu
-    from pearl.sim.models import load_model_shape
     from pearl.sim.network import Network
-    from pearl.sim.world import SimKVMover
+    from pearl.sim.shapes import load_model_shape
 
     async def main():
         cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)

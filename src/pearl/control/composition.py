@@ -5,7 +5,7 @@ Inter-Scale Rebuilder, Intra-Scale Toggle Manager, role decider, Elastic Schedul
 rollout policy on a cluster layout, and runs a pipeline of RL steps under an availability
 trace. A ``World`` supplies what differs between the simulator and live runs: how a worker
 is made and stopped, the trainer, the KV mover, latencies of starting and toggling workers,
-weight-sync times and the decision model's prior. ``pearl.sim.rl`` and ``pearl.train`` both
+weight-sync times and the decision model's prior. ``pearl.sim.policy_run`` and ``pearl.apps.train.run`` both
 use it. Pure Python: no engine, simulator or Ray imports.
 """
 

@@ -20,7 +20,7 @@ from pearl.control.interfaces import TurnOutput, TurnRequest
 from pearl.engine.kv_transfer import KVChunk
 from pearl.engine.scheduler import InFlight
 from pearl.engine.sequence import RequestOutput, Role
-from pearl.turns import engine_request, turn_output
+from pearl.engine_turns import engine_request, turn_output
 
 
 @dataclass(slots=True, frozen=True)
@@ -160,7 +160,7 @@ class EngineServer:
 
     async def profile(self, grid: str = "default", repeats: int = 5, clock: str = "wall") -> list:
         """Calibration samples of this worker's own engine, timed where it really runs."""
-        from pearl.engine.profiling import get_grid, profile_engine
+        from pearl.engine.iteration_timing import get_grid, profile_engine
 
         async with self._lock:
             return profile_engine(self.engine, get_grid(grid), repeats, clock=clock)

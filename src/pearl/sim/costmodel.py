@@ -26,7 +26,7 @@ import numpy as np
 
 from pearl.errors import ConfigError
 from pearl.sim.hardware import GPUSpec
-from pearl.sim.models import ModelShape, load_model_shape
+from pearl.sim.shapes import ModelShape, load_model_shape
 
 
 @dataclass(slots=True, frozen=True)

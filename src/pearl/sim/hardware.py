@@ -147,7 +147,7 @@ B200 = GPUSpec(
 CPU_PLACEHOLDER = GPUSpec(
     name="cpu",
     # Placeholder for "this CPU": calibration fits the real numbers and saves them in a
-    # profile (pearl.sim.profiles). Order of magnitude of a 2-core AVX2 fp32 machine.
+    # profile (pearl.sim.cost_profile). Order of magnitude of a 2-core AVX2 fp32 machine.
     peak_flops=50e9,
     hbm_bytes=8 * GB,
     hbm_bandwidth_Bps=10 * GB,

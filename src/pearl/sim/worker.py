@@ -25,8 +25,8 @@ from pearl.engine.block_manager import BlockManager
 from pearl.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
+from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
-from pearl.turns import engine_request, turn_output
 
 
 class IterationCost(Protocol):

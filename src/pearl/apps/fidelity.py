@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pearl.apps.calibrate import RANDOM_MODELS
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.call_timer import Call, TimedWorker
 from pearl.control.deployment import Deployment
@@ -21,12 +22,11 @@ from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.report.progress import Progress
-from pearl.sim.calibrate import RANDOM_MODELS
+from pearl.sim.cost_profile import Profile
 from pearl.sim.costmodel import CostModel
-from pearl.sim.models import ModelShape
-from pearl.sim.profiles import Profile
+from pearl.sim.fixed import simulate_fixed_rollout
+from pearl.sim.shapes import ModelShape
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
 
 # The model calibration and fidelity run on (random weights, 15.7M parameters, float32).
@@ -154,7 +154,7 @@ def run_sim_case(
     on_iteration: Callable | None = None,
 ):
     """The case simulated once; ``wrap`` and ``on_iteration`` as in
-    :func:`pearl.sim.world.simulate_fixed_rollout`."""
+    :func:`pearl.sim.fixed.simulate_fixed_rollout`."""
     cfg = SimEngineConfig(
         num_kv_blocks=engine["num_kv_blocks"],
         block_size=engine["block_size"],
@@ -318,7 +318,7 @@ def calibrate_in_worker(
     ``concurrent`` workers profiling at once (the host's load in a deployment of that many
     workers), and measure the per-turn overhead outside the engine (RPC and driver),
     median of 20 turns on one worker."""
-    from pearl.sim.calibrate import fit_profile
+    from pearl.apps.calibrate import fit_profile
 
     async def main():
         workers = await _live_workers(Deployment(colocated=concurrent), model, engine)
@@ -389,7 +389,7 @@ def held_out_samples(
     ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
     share the host, and prefill or decode workers run their own batch shapes), as fitting
     samples, and the gaps of their turn calls."""
-    from pearl.engine.profiling import Sample
+    from pearl.engine.iteration_timing import Sample
 
     out = HeldOut()
     for name, tasks, group in CALIBRATION_WORKLOADS:
@@ -416,7 +416,7 @@ def fit_in_situ(
     """A profile fitted to held-out live iterations plus the grid (for shapes the runs did
     not visit); the live iterations set the fit's level (the grid was timed on an idle
     worker: faster than a loaded deployment)."""
-    from pearl.sim.calibrate import fit_profile
+    from pearl.apps.calibrate import fit_profile
 
     stride = max(1, len(samples) // MAX_FIT_SAMPLES)
     shape = ModelShape.from_hf_config(model_config, "calibration", dtype_bytes=4)

@@ -2,11 +2,11 @@
 
 import dataclasses
 
+from pearl.apps.paper.ratio_selection import select_and_replay
+from pearl.apps.paper.regime import RegimeSetting, Row, measure
 from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
-from pearl.sim.ratio_selection import select_and_replay
-from pearl.sim.regime import RegimeSetting, Row, measure
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
 from pearl.workloads.agentic import get_profile
 

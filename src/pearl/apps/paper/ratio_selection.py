@@ -17,9 +17,9 @@ from pearl.control.decision import DecisionConfig, decide
 from pearl.control.deployment import Deployment
 from pearl.control.tracker import IterationObservation, RuntimeTracker
 from pearl.sim.costmodel import CostModel
-from pearl.sim.rl import RLSetting, prior_params
+from pearl.sim.fixed import deployments_for, simulate_fixed_rollout
+from pearl.sim.policy_run import RLSetting, prior_params
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import deployments_for, simulate_fixed_rollout
 from pearl.workloads.agentic import AgenticProfile, generate_batch
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from pearl.control.deployment import Deployment
 from pearl.sim.costmodel import CostConstants, CostModel
+from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig, TimeUse
-from pearl.sim.world import FixedRolloutReport, simulate_fixed_rollout
 from pearl.workloads.agentic import AgenticProfile, RolloutBatch, generate_batch
 
 TOLERANCE = 0.15  # a row holds when the simulator is within 15% of the target

@@ -16,14 +16,14 @@ import pytest
 from reportparse import parse_report
 from typer.testing import CliRunner
 
+from pearl.apps.simulate import SimulateOutcome, build_batch, build_cost_model, run_simulate
 from pearl.cli import app
 from pearl.config import SimulateConfig, load_config
 from pearl.control.agent_loop import session_id_of
 from pearl.control.deployment import Deployment
 from pearl.errors import ConfigError
-from pearl.sim.simulate import SimulateOutcome, build_batch, build_cost_model, run_simulate
+from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch
 
 DEPLOYMENTS = ("2C", "1P1D")

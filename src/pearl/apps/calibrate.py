@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pearl.engine.profiling import (
+from pearl.engine.iteration_timing import (
     DEFAULT_REPEATS,
     BatchKind,
     CalibrationGrid,
@@ -46,10 +46,10 @@ from pearl.engine.profiling import (
     profile_engine,
 )
 from pearl.errors import ConfigError
+from pearl.sim.cost_profile import Profile, save_profile
 from pearl.sim.costmodel import CostConstants, CostModel, IterationWork
 from pearl.sim.hardware import CPU_PLACEHOLDER, GPUSpec
-from pearl.sim.models import ModelShape
-from pearl.sim.profiles import Profile, save_profile
+from pearl.sim.shapes import ModelShape
 
 if TYPE_CHECKING:
     from pearl.engine.engine import LLMEngine

@@ -29,7 +29,7 @@ from pearl.report.html import Section, write_report
 from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder
 from pearl.report.tensorboard import ScalarLog
-from pearl.sim.rl import RLRunResult, RLSetting, run_policy
+from pearl.sim.policy_run import RLRunResult, RLSetting, run_policy
 from pearl.workloads.agentic import get_profile
 from pearl.workloads.availability import (
     SEGMENTS,
@@ -83,7 +83,7 @@ def segment_warnings(cfg: RLExperimentConfig) -> list[str]:
 
 
 def build_setting(cfg: RLExperimentConfig) -> RLSetting:
-    from pearl.sim.simulate import build_cost_model, check_fits, engine_config
+    from pearl.apps.simulate import build_cost_model, check_fits, engine_config
 
     profile = get_profile(cfg.workload.profile)
     if cfg.workload.num_tasks or cfg.workload.group_size:

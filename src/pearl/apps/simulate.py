@@ -11,10 +11,10 @@ from pearl.control.deployment import Deployment
 from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
 from pearl.sim.costmodel import CostConstants, CostModel
+from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
+from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.sim.world import FixedRolloutReport, simulate_fixed_rollout
 from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
     constants = CostConstants()
     shape = load_model_shape(cfg.model.name)
     if cfg.cluster.profile:
-        from pearl.sim.profiles import load_profile
+        from pearl.sim.cost_profile import load_profile
 
         profile = load_profile(cfg.cluster.profile)
         gpu = profile.gpu or gpu

@@ -28,7 +28,7 @@ import yaml
 from pearl.errors import ConfigError
 from pearl.sim.costmodel import CostConstants, WorkerLatencies
 from pearl.sim.hardware import GPUSpec, get_gpu
-from pearl.sim.models import ModelShape
+from pearl.sim.shapes import ModelShape
 
 PROFILE_KEYS = ("gpu", "constants", "latencies", "dtype_bytes", "meta")
 """Top-level keys a profile file may hold."""

@@ -177,7 +177,7 @@ def simulate_fixed_rollout(
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan;
     ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder;
     ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy), as in
-    :func:`pearl.fidelity.run_live_case`."""
+    :func:`pearl.apps.fidelity.run_live_case`."""
     cluster = SimulatedCluster(
         cost,
         deployment.num_workers,

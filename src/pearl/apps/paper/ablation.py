@@ -15,10 +15,10 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 
+from pearl.apps.experiment import build_setting, run_summary
 from pearl.config import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
-from pearl.sim.experiment import build_setting, run_summary
-from pearl.sim.rl import run_policy
+from pearl.sim.policy_run import run_policy
 
 RUNGS: dict[str, tuple[PDMode, Borrowing, str]] = {
     "roll": (PDMode.COLOCATED, Borrowing.OFF, "ROLL: colocated, no borrowing (the baseline)"),

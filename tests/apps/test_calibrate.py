@@ -1,4 +1,4 @@
-"""Calibration (pearl.sim.calibrate): profiling a live engine, fitting, saving the profile."""
+"""Calibration (pearl.apps.calibrate): profiling a live engine, fitting, saving the profile."""
 
 import dataclasses
 import json
@@ -6,17 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from pearl.engine.profiling import (
-    BatchKind,
-    BatchShape,
-    CalibrationGrid,
-    Sample,
-    get_grid,
-    profile_engine,
-)
-from pearl.engine.sequence import Request, SamplingParams
-from pearl.errors import ConfigError, EngineStateError
-from pearl.sim.calibrate import (
+from pearl.apps.calibrate import (
     RANDOM_MODELS,
     FittedRates,
     build_engine,
@@ -26,9 +16,19 @@ from pearl.sim.calibrate import (
     run_calibrate,
     samples_from_profile,
 )
+from pearl.engine.iteration_timing import (
+    BatchKind,
+    BatchShape,
+    CalibrationGrid,
+    Sample,
+    get_grid,
+    profile_engine,
+)
+from pearl.engine.sequence import Request, SamplingParams
+from pearl.errors import ConfigError, EngineStateError
+from pearl.sim.cost_profile import load_profile, save_profile
 from pearl.sim.costmodel import CostModel
-from pearl.sim.models import ModelShape
-from pearl.sim.profiles import load_profile, save_profile
+from pearl.sim.shapes import ModelShape
 
 REPEATS = 5
 # Qwen3, vocab 512, hidden 64, 2 layers: iterations take ~3-15 ms here.

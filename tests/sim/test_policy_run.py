@@ -14,16 +14,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from pearl.apps.experiment import run_summary
+from pearl.apps.paper.ablation import RUNGS, relative_to_roll, rung_policy
 from pearl.control.elastic import RoleDecider
 from pearl.control.policies import POLICIES, PDMode, Pool, get_policy
 from pearl.control.state import Topology
 from pearl.errors import ConfigError
-from pearl.sim.ablation import RUNGS, relative_to_roll, rung_policy
 from pearl.sim.costmodel import CostModel
-from pearl.sim.experiment import run_summary
 from pearl.sim.hardware import get_gpu
-from pearl.sim.models import load_model_shape
-from pearl.sim.rl import RLSetting, run_policy
+from pearl.sim.policy_run import RLSetting, run_policy
+from pearl.sim.shapes import load_model_shape
 from pearl.workloads.agentic import (
     AgenticProfile,
     Uniform,
@@ -453,7 +453,7 @@ def test_forced_disaggregation_and_borrowing_on_a_fixed_pool():
 
 
 def test_topology_labels_of_the_role_timeline():
-    from pearl.sim.experiment import topology_at
+    from pearl.apps.experiment import topology_at
 
     timeline = [
         {"t": 0.0, "dedicated_colocated": 4},
@@ -473,7 +473,7 @@ def test_topology_labels_of_the_role_timeline():
 def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
     from pearl.control.deployment import Deployment
     from pearl.control.scripted import ScriptedChange
-    from pearl.sim.world import simulate_fixed_rollout
+    from pearl.sim.fixed import simulate_fixed_rollout
 
     batch = generate_batch(PROFILE, seed=3)
     plain = simulate_fixed_rollout(batch, COST, Deployment.parse("2C"))

@@ -4,7 +4,7 @@
 batches, decodes plus a prefill chunk) through an idle :class:`LLMEngine`, driving its own
 scheduler so each timed ``engine.step()`` runs exactly the batch asked for, and records
 the shape that ran with its measured seconds (:class:`Sample`). Fitting a cost model to
-the samples is the simulator's business (``pearl.sim.calibrate``); a live worker profiles
+the samples is the simulator's business (``pearl.apps.calibrate``); a live worker profiles
 itself with this module alone.
 """
 

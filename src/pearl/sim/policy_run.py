@@ -26,10 +26,10 @@ from pearl.control.state import TableSnapshot, WorkerSlot, WorkerStatus, WorkerT
 from pearl.control.tracker import IterationObservation
 from pearl.sim.clock import run_virtual
 from pearl.sim.costmodel import CostModel
+from pearl.sim.fixed import SimKVMover
 from pearl.sim.network import Network
 from pearl.sim.trainer import SimulatedTrainer
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker, TimeUse
-from pearl.sim.world import SimKVMover
 from pearl.workloads.agentic import AgenticProfile, generate_batch
 from pearl.workloads.availability import AvailabilityTrace
 

@@ -1,0 +1,1 @@
+"""`pearl train`: live asynchronous GRPO (config, run, per-step metrics, report)."""
