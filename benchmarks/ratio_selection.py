@@ -27,7 +27,7 @@ from pearl.apps.paper.ratio_selection import select_and_replay
 from pearl.apps.simulate import build_cost_model, engine_config
 from pearl.config import load_simulate_config
 from pearl.control.decision import DecisionConfig
-from pearl.workloads.agentic import get_profile
+from pearl.workloads.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from pearl.apps.paper.regime import RegimeSetting, measure
 from pearl.apps.simulate import build_cost_model, engine_config
 from pearl.config import load_simulate_config
-from pearl.workloads.agentic import get_profile
+from pearl.workloads.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

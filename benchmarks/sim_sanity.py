@@ -48,7 +48,9 @@ from pearl.sim.fixed import deployments_for, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.batch import RolloutBatch
+from pearl.workloads.profiles import get_profile, scaled
 
 GPU = "H800"
 MODEL = "Qwen3-30B-A3B"

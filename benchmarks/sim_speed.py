@@ -40,7 +40,9 @@ from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.batch import RolloutBatch
+from pearl.workloads.profiles import get_profile
 
 GPU = "H800"
 TP = 2

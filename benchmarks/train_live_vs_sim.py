@@ -41,7 +41,7 @@ from pearl.live.worker import ensure_ray
 from pearl.models.catalog import resolve_model
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import RolloutBatch, TaskGroup, Trajectory, Turn
+from pearl.workloads.batch import RolloutBatch, TaskGroup, Trajectory, Turn
 
 GRID, REPEATS = "quick", 3
 

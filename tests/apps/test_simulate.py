@@ -24,7 +24,7 @@ from pearl.control.deployment import Deployment
 from pearl.errors import ConfigError
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import RolloutBatch
+from pearl.workloads.batch import RolloutBatch
 
 DEPLOYMENTS = ("2C", "1P1D")
 REPO = Path(__file__).resolve().parents[2]

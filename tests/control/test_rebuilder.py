@@ -10,7 +10,8 @@ from pearl.control.router import Router
 from pearl.control.state import WorkerStatus, WorkerTable, Zone
 from pearl.sim.clock import run_virtual
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
-from pearl.workloads.agentic import generate_batch, get_profile
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.profiles import get_profile
 
 
 class FlatCost:

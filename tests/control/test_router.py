@@ -10,7 +10,8 @@ from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.router import NoWorkerAvailable, Router
 from pearl.sim.clock import run_virtual
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
-from pearl.workloads.agentic import Trajectory, Turn, context_token_ids
+from pearl.workloads.batch import Trajectory, Turn
+from pearl.workloads.token_ids import context_token_ids
 
 
 class FlatCost:

@@ -13,7 +13,8 @@ from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import load_model_shape
 from pearl.sim.trainer import SimulatedTrainer
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
-from pearl.workloads.agentic import generate_batch, get_profile
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.profiles import get_profile
 
 
 class SimFactory:

@@ -13,7 +13,8 @@ from pearl.engine.engine import EngineConfig, LLMEngine
 from pearl.engine.sequence import Request, SamplingParams
 from pearl.live.server import EngineServer, ModelSpec
 from pearl.models.config import ModelConfig
-from pearl.workloads.agentic import Trajectory, Turn, observation_token_ids
+from pearl.workloads.batch import Trajectory, Turn
+from pearl.workloads.token_ids import observation_token_ids
 
 MODEL = {
     "model_type": "qwen3",

@@ -24,14 +24,7 @@ from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
 from pearl.sim.policy_run import RLSetting, run_policy
 from pearl.sim.shapes import load_model_shape
-from pearl.workloads.agentic import (
-    AgenticProfile,
-    Uniform,
-    UniformInt,
-    generate_batch,
-    get_profile,
-    scaled,
-)
+from pearl.workloads.agentic import generate_batch
 from pearl.workloads.availability import (
     SEGMENTS,
     AvailabilityTrace,
@@ -40,6 +33,8 @@ from pearl.workloads.availability import (
     load_segment,
     synthetic_availability,
 )
+from pearl.workloads.distributions import Uniform, UniformInt
+from pearl.workloads.profiles import AgenticProfile, get_profile, scaled
 
 COST = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
 # Compute-heavy and short: contexts to 8K, environment times x 1/100, 2 tasks x 4.

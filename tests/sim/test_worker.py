@@ -175,8 +175,8 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
     block-aligned common prefix and receives only what it lacks; nothing is retried."""
     from pearl.control.router import Router
     from pearl.sim.costmodel import CostModel
-    from pearl.sim.fixed import SimKVMover
     from pearl.sim.hardware import get_gpu
+    from pearl.sim.kv_mover import SimKVMover
     from pearl.sim.network import Network
     from pearl.sim.shapes import load_model_shape
 

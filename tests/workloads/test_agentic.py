@@ -6,25 +6,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pearl.errors import ConfigError, PearlError, WorkloadError
-from pearl.workloads.agentic import (
-    Fixed,
-    LogNormal,
-    RolloutBatch,
-    StopReason,
-    TaskGroup,
-    Trajectory,
-    Turn,
-    UniformInt,
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.batch import RolloutBatch, StopReason, TaskGroup, Trajectory, Turn, summarize
+from pearl.workloads.distributions import Fixed, LogNormal, UniformInt
+from pearl.workloads.profiles import get_profile, profile_from_dict, profile_names, scaled
+from pearl.workloads.token_ids import (
     context_token_ids,
-    generate_batch,
-    get_profile,
     observation_token_ids,
-    profile_from_dict,
-    profile_names,
     response_token_ids,
-    scaled,
     shared_prefix_token_ids,
-    summarize,
 )
 
 SWE = get_profile("swe")

@@ -30,22 +30,19 @@ from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder
 from pearl.report.tensorboard import ScalarLog
 from pearl.sim.policy_run import RLRunResult, RLSetting, run_policy
-from pearl.workloads.agentic import get_profile
 from pearl.workloads.availability import (
     SEGMENTS,
     AvailabilityTrace,
     load_availability,
-    load_segment,
 )
+from pearl.workloads.profiles import get_profile
 
 logger = logging.getLogger(__name__)
 
 
-def load_trace(name: str) -> AvailabilityTrace:
-    """A shipped segment by name, else an availability CSV file."""
-    if name in SEGMENTS:
-        return load_segment(name)
-    if not Path(name).is_file():
+def load_segment_or_csv(name: str) -> AvailabilityTrace:
+    """``elastic.segments``' entry ``name``: a shipped segment, else an availability CSV."""
+    if name not in SEGMENTS and not Path(name).is_file():
         raise ConfigError(
             f"elastic.segments: {name!r} is neither a shipped segment "
             f"({', '.join(SEGMENTS)}) nor an availability CSV file"
@@ -78,7 +75,7 @@ def segment_warnings(cfg: RLExperimentConfig) -> list[str]:
     return [
         w
         for name in cfg.elastic.segments
-        for w in trace_warnings(name, load_trace(name), cfg.rl.duration_s)
+        for w in trace_warnings(name, load_segment_or_csv(name), cfg.rl.duration_s)
     ]
 
 
@@ -129,7 +126,7 @@ def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
     cfg = RLExperimentConfig.model_validate(cfg_json)
     setting = build_setting(cfg)
     policy = get_policy(policy_name, static_split=tuple(cfg.pd.static_split))
-    trace = load_trace(segment)
+    trace = load_segment_or_csv(segment)
     return run_summary(policy_name, segment, run_policy(setting, policy, trace), trace.mean())
 
 

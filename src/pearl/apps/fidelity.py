@@ -27,7 +27,9 @@ from pearl.sim.costmodel import CostModel
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.shapes import ModelShape
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile, scaled
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.batch import RolloutBatch
+from pearl.workloads.profiles import get_profile, scaled
 
 # The model calibration and fidelity run on (random weights, 15.7M parameters, float32).
 CALIBRATION_MODEL: dict[str, Any] = RANDOM_MODELS["qwen3-16m"]

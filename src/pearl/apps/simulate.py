@@ -15,7 +15,9 @@ from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import RolloutBatch, generate_batch, get_profile
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.batch import RolloutBatch
+from pearl.workloads.profiles import get_profile
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +45,9 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
 def build_batch(cfg: SimulateConfig) -> RolloutBatch:
     w = cfg.workload
     if w.trace:
-        from pearl.workloads.traces import load_trace
+        from pearl.workloads.traces import load_rollout_trace
 
-        return load_trace(w.trace, max_model_len=engine_config(cfg.sim).max_model_len)
+        return load_rollout_trace(w.trace, max_model_len=engine_config(cfg.sim).max_model_len)
     return generate_batch(
         get_profile(w.profile), num_tasks=w.num_tasks, group_size=w.group_size, seed=w.seed
     )

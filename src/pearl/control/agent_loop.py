@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from pearl.control.interfaces import Clock, TrainSample, TurnOutput, TurnRequest
 from pearl.control.router import Router
-from pearl.workloads.agentic import Trajectory, observation_token_ids
+from pearl.workloads.batch import Trajectory
+from pearl.workloads.token_ids import observation_token_ids
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from pearl.control.pipeline import (
 )
 from pearl.control.policies import Borrowing, Policy
 from pearl.control.rebuilder import InterScaleRebuilder
+from pearl.control.rollout_engine import EngineCapabilities, require_capabilities
 from pearl.control.router import Router
 from pearl.control.state import WorkerSlot, WorkerStatus, WorkerTable, Zone
 from pearl.control.toggle import IntraScaleToggleManager
@@ -71,6 +72,8 @@ class World(Protocol):
     """What a world supplies to the control plane."""
 
     latencies: WorldLatencies
+    capabilities: EngineCapabilities
+    """What the world's engine can do; a policy that needs more is refused at construction."""
     prior: WorkloadParams
     """The decision model's parameters before anything is measured."""
 
@@ -121,6 +124,7 @@ class ControlPlane:
         log: Callable[[dict], None] = lambda event: None,
         decider: RoleDecider | None = None,
     ) -> None:
+        require_capabilities(policy, world.capabilities)
         self.world = world
         self.policy = policy
         self.layout = layout

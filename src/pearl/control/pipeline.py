@@ -26,7 +26,7 @@ from pearl.control.episode import EpisodeBatch, run_episode_batch
 from pearl.control.interfaces import Clock, RolloutWorker, TrainBatch, Trainer
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
-from pearl.workloads.agentic import RolloutBatch
+from pearl.workloads.batch import RolloutBatch
 
 
 @dataclass(slots=True, frozen=True)

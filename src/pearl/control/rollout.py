@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult, run_trajectory
 from pearl.control.interfaces import Clock
 from pearl.control.router import Router
-from pearl.workloads.agentic import RolloutBatch
+from pearl.workloads.batch import RolloutBatch
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from pearl.control.rebuilder import InterScaleRebuilder
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.state import SlotId, Topology, WorkerSlot, WorkerStatus, WorkerTable, Zone
-from pearl.workloads.agentic import RolloutBatch
+from pearl.workloads.batch import RolloutBatch
 
 
 @dataclass(slots=True, frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest
+from pearl.control.rollout_engine import EngineCapabilities
 from pearl.engine.kv_transfer import KVChunk
 from pearl.engine.scheduler import InFlight
 from pearl.engine.sequence import RequestOutput, Role
@@ -33,7 +34,9 @@ class ModelSpec:
 
 
 class EngineServer:
-    """Serves one ``LLMEngine`` to the control plane."""
+    """Serves one ``LLMEngine`` to the control plane: our engine's ``RolloutEngine``."""
+
+    capabilities = EngineCapabilities.full("pearl")
 
     def __init__(
         self,

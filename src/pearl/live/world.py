@@ -19,7 +19,7 @@ from pearl.control.decision import WorkloadParams
 from pearl.control.interfaces import WorkerRole
 from pearl.control.state import WorkerSlot
 from pearl.control.tracker import IterationObservation
-from pearl.live.server import ModelSpec
+from pearl.live.server import EngineServer, ModelSpec
 from pearl.live.trainer import LiveTrainer
 from pearl.live.worker import LiveKVMover, LiveWorker
 from pearl.models.config import ModelConfig
@@ -51,6 +51,10 @@ def cpu_prior(model: ModelConfig, batch_trajectories: int, max_context: int) -> 
 
 
 class LiveWorld:
+    """Engine actors (``EngineServer``) and a trainer actor, for the composition root."""
+
+    capabilities = EngineServer.capabilities
+
     def __init__(
         self,
         model: ModelSpec,

@@ -327,10 +327,13 @@ def parse_availability(
 
 
 def load_availability(
-    path: str | Path, time_unit: TimeUnit | str | None = None
+    source: str | Path, time_unit: TimeUnit | str | None = None
 ) -> AvailabilityTrace:
-    """Read an availability CSV (PEARL or Bamboo format); see :func:`parse_availability`."""
-    path = Path(path)
+    """A shipped segment by name (:data:`SEGMENTS`), else an availability CSV file (PEARL or
+    Bamboo format; see :func:`parse_availability`)."""
+    if str(source) in SEGMENTS and not Path(source).is_file():
+        return load_segment(str(source))
+    path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

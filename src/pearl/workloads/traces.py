@@ -26,15 +26,15 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from pearl.errors import TraceFormatError, WorkloadError
-from pearl.workloads.agentic import RolloutBatch, StopReason, TaskGroup, Trajectory, Turn
+from pearl.workloads.batch import RolloutBatch, StopReason, TaskGroup, Trajectory, Turn
 
 __all__ = [
     "TRACE_FORMAT",
     "TRACE_VERSION",
-    "dumps_trace",
-    "load_trace",
-    "loads_trace",
-    "save_trace",
+    "dumps_rollout_trace",
+    "load_rollout_trace",
+    "loads_rollout_trace",
+    "save_rollout_trace",
 ]
 
 TRACE_FORMAT = "pearl.rollout"
@@ -128,7 +128,7 @@ def _trajectory_dict(traj: Trajectory) -> dict[str, object]:
     }
 
 
-def dumps_trace(
+def dumps_rollout_trace(
     batch: RolloutBatch | Sequence[Trajectory], max_context_tokens: int | None = None
 ) -> str:
     """The JSONL text of a batch or of loose trajectories (whose header cap defaults to their peak)."""
@@ -143,7 +143,7 @@ def dumps_trace(
         trajectories: Iterable[Trajectory] = batch.trajectories
     else:
         if not batch:
-            raise WorkloadError("dumps_trace() needs at least one trajectory")
+            raise WorkloadError("dumps_rollout_trace() needs at least one trajectory")
         header = {
             "format": TRACE_FORMAT,
             "version": TRACE_VERSION,
@@ -155,16 +155,16 @@ def dumps_trace(
     return "\n".join(lines) + "\n"
 
 
-def save_trace(
+def save_rollout_trace(
     batch: RolloutBatch | Sequence[Trajectory],
     path: str | Path,
     max_context_tokens: int | None = None,
 ) -> None:
-    """Write a batch (or trajectories) to ``path`` as JSONL; :func:`load_trace` reads it back equal."""
-    Path(path).write_text(dumps_trace(batch, max_context_tokens), encoding="utf-8")
+    """Write a batch (or trajectories) to ``path`` as JSONL; :func:`load_rollout_trace` reads it back equal."""
+    Path(path).write_text(dumps_rollout_trace(batch, max_context_tokens), encoding="utf-8")
 
 
-def load_trace(path: str | Path, max_model_len: int | None = None) -> RolloutBatch:
+def load_rollout_trace(path: str | Path, max_model_len: int | None = None) -> RolloutBatch:
     """Read and validate a JSONL rollout trace; raises TraceFormatError with file:line: field
     (also for a trajectory that reaches ``max_model_len`` tokens, which no engine runs)."""
     path = Path(path)
@@ -179,10 +179,10 @@ def load_trace(path: str | Path, max_model_len: int | None = None) -> RolloutBat
             f"{path}: cannot read the trace ({exc.strerror or exc}); workload.trace must name "
             f"a JSONL rollout trace file"
         ) from None
-    return loads_trace(text, source=str(path), max_model_len=max_model_len)
+    return loads_rollout_trace(text, source=str(path), max_model_len=max_model_len)
 
 
-def loads_trace(
+def loads_rollout_trace(
     text: str, source: str = "<string>", max_model_len: int | None = None
 ) -> RolloutBatch:
     """Parse JSONL text into a RolloutBatch; ``source`` names the file in error messages."""

@@ -8,7 +8,7 @@ from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import get_profile
+from pearl.workloads.profiles import get_profile
 
 TINY = dataclasses.replace(get_profile("tiny"), num_tasks=1, group_size=4)
 

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from pearl.control.decision import DecisionConfig, decide
 from pearl.control.deployment import Deployment
-from pearl.control.tracker import IterationObservation, RuntimeTracker
+from pearl.control.tracker import RuntimeTracker
 from pearl.sim.costmodel import CostModel
 from pearl.sim.fixed import deployments_for, simulate_fixed_rollout
-from pearl.sim.policy_run import RLSetting, prior_params
 from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import AgenticProfile, generate_batch
+from pearl.sim.world import iteration_observer, prior_params
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.profiles import AgenticProfile
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,16 +90,9 @@ def select_and_replay(
     on every candidate (infeasible splits too, so the model's feasibility is checked)."""
     if step < 1:
         raise ValueError(f"step must be >= 1 (the decision uses step - 1), got {step}")
-    setting = RLSetting(cost, profile, engine=engine, seed=seed)
-    tracker = RuntimeTracker(prior_params(setting, cost.tp * cost.gpu.network_bandwidth_Bps))
-
-    def observe(worker_id, start, dt, out, iterations) -> None:
-        decodes = len(out.decodes)
-        context = sum(s.num_tokens for s in out.decodes) + decodes * (iterations - 1) // 2
-        prefill = sum(c.num_tokens for c in out.prefills)
-        tracker.observe_iteration(
-            IterationObservation(decodes, prefill, dt / iterations, context, iterations)
-        )
+    bandwidth = cost.tp * cost.gpu.network_bandwidth_Bps
+    tracker = RuntimeTracker(prior_params(cost, profile, engine, bandwidth))
+    observe = iteration_observer(tracker)
 
     def batch(i: int):
         return generate_batch(profile, seed=seed * 100_003 + i)

@@ -23,7 +23,9 @@ from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import load_model_shape
 from pearl.sim.worker import SimEngineConfig, TimeUse
-from pearl.workloads.agentic import AgenticProfile, RolloutBatch, generate_batch
+from pearl.workloads.agentic import generate_batch
+from pearl.workloads.batch import RolloutBatch
+from pearl.workloads.profiles import AgenticProfile
 
 TOLERANCE = 0.15  # a row holds when the simulator is within 15% of the target
 
