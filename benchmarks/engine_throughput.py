@@ -48,7 +48,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from pearl.engine.engine import EngineConfig, LLMEngine  # noqa: E402
+from pearl.engine.config import EngineConfig
+from pearl.engine.engine import LLMEngine
 from pearl.engine.sequence import Request, SamplingParams  # noqa: E402
 from pearl.models.config import ModelConfig  # noqa: E402
 

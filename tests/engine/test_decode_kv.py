@@ -4,8 +4,9 @@ tokens and logprobs are the ones of the per-layer block gather they replace."""
 import numpy as np
 import torch
 
+from pearl.engine.config import EngineConfig
 from pearl.engine.decode_kv import DecodeKV, _contiguous_groups
-from pearl.engine.engine import EngineConfig, LLMEngine
+from pearl.engine.engine import LLMEngine
 from pearl.engine.sequence import Request, SamplingParams, SequenceStatus
 from pearl.models.loader import build_model
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pearl.engine.engine import EngineConfig, LLMEngine
+from pearl.engine.config import EngineConfig
+from pearl.engine.engine import LLMEngine
 from pearl.engine.kv_transfer import KVChunk
 from pearl.engine.scheduler import InFlight
 from pearl.engine.sequence import FinishReason, Request, Role, SamplingParams

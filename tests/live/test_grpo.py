@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from pearl.control.interfaces import TrainBatch, TrainSample
-from pearl.engine.engine import EngineConfig, LLMEngine
+from pearl.engine.config import EngineConfig
+from pearl.engine.engine import LLMEngine
 from pearl.engine.sequence import Request, SamplingParams
 from pearl.live.grpo import clipped_token_loss, group_advantages
 from pearl.live.server import ModelSpec

@@ -9,7 +9,8 @@ import pytest
 from pearl.control.agent_loop import AgentLoopConfig, run_trajectory
 from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.router import Router
-from pearl.engine.engine import EngineConfig, LLMEngine
+from pearl.engine.config import EngineConfig
+from pearl.engine.engine import LLMEngine
 from pearl.engine.sequence import Request, SamplingParams
 from pearl.live.server import EngineServer, ModelSpec
 from pearl.models.config import ModelConfig

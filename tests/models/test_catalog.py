@@ -32,7 +32,8 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
 def test_smollm2_converted_once_serves_the_logits_transformers_computes(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from pearl.engine.engine import EngineConfig, LLMEngine
+    from pearl.engine.config import EngineConfig
+    from pearl.engine.engine import LLMEngine
     from pearl.engine.sequence import Request, SamplingParams
     from pearl.models.chat import ChatFormat
     from pearl.models.loader import load_model

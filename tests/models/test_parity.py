@@ -22,7 +22,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from pearl.engine.engine import EngineConfig, LLMEngine  # noqa: E402
+from pearl.engine.config import EngineConfig  # noqa: E402
+from pearl.engine.engine import LLMEngine  # noqa: E402
 from pearl.engine.sequence import Request, SamplingParams  # noqa: E402
 from pearl.models.attention import AttentionMetadata, PrefillSegment, chunk_causal_mask  # noqa: E402
 from pearl.models.decoder import DecoderForCausalLM  # noqa: E402

@@ -465,7 +465,8 @@ def build_engine(
     """An engine sized for ``grid``: over a random-weight model (a ``RANDOM_MODELS`` name, a
     config dict/``ModelConfig``, or a ``config.json`` file or folder without weights) or
     over a Hugging Face folder with ``*.safetensors``."""
-    from pearl.engine.engine import EngineConfig, LLMEngine
+    from pearl.engine.config import EngineConfig
+    from pearl.engine.engine import LLMEngine
     from pearl.models.config import ModelConfig
 
     weights_folder: Path | None = None

@@ -7,8 +7,9 @@ import random
 import time
 from dataclasses import dataclass
 
+from pearl.engine.config import EngineConfig
 from pearl.engine.disagg import run_disaggregated
-from pearl.engine.engine import EngineConfig, LLMEngine
+from pearl.engine.engine import LLMEngine
 from pearl.engine.sequence import Request, Role, SamplingParams
 from pearl.models.config import ModelConfig
 

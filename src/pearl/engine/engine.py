@@ -14,33 +14,15 @@ import numpy as np
 import torch
 
 from pearl.engine.block_manager import BlockManager
+from pearl.engine.config import EngineConfig
 from pearl.engine.kv_transfer import KVChunk, token_digest
 from pearl.engine.model_runner import ModelRunner
-from pearl.engine.scheduler import InFlight, Scheduler, SchedulerConfig, SchedulerOutput
+from pearl.engine.scheduler import InFlight, Scheduler, SchedulerOutput
 from pearl.engine.sequence import Request, RequestOutput, Role, Sequence
 from pearl.errors import EngineStateError, KVTransferError, RequestError
 from pearl.models.config import ModelConfig
 from pearl.models.decoder import DecoderForCausalLM
 from pearl.models.loader import build_model, load_model, load_state_dict
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    """Capacity and batching of one engine."""
-
-    block_size: int = 16
-    num_kv_blocks: int = 1024
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    role: Role = Role.COLOCATED
-    local_prefill_max_tokens: int = 0
-    scheduling: str = "mixed"  # SchedulingMode: "mixed" or "sglang"
-    chunked_prefill_size: int = 8192  # sglang mode
-    max_prefill_tokens: int = 16384  # sglang mode
-    model_id: str | None = None  # default: derived from the model config
-    device: str = "cpu"
-    seed: int = 0
 
 
 @dataclass(slots=True)
@@ -118,17 +100,7 @@ class LLMEngine:
             )
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=max_len,
-                role=Role(config.role),
-                local_prefill_max_tokens=config.local_prefill_max_tokens,
-                eos_token_ids=model.config.eos_token_id,
-                mode=config.scheduling,
-                chunked_prefill_size=config.chunked_prefill_size,
-                max_prefill_tokens=config.max_prefill_tokens,
-            ),
+            config.scheduler_config(max_len, Role(config.role), model.config.eos_token_id),
             self.blocks,
         )
         self.runner = ModelRunner(
@@ -399,6 +371,8 @@ class LLMEngine:
         if in_flight and not self._asleep:
             load_state_dict(self.model, state_dict, source=f"weights v{version}")
             self.weight_version = version
+            if self.config.flush_cache_on_weight_update:
+                self.scheduler.flush_prefix_cache()
             return
         if self.scheduler.has_work():
             raise EngineStateError(

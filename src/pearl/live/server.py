@@ -47,7 +47,8 @@ class EngineServer:
     ) -> None:
         import torch
 
-        from pearl.engine.engine import EngineConfig, LLMEngine
+        from pearl.engine.config import EngineConfig
+        from pearl.engine.engine import LLMEngine
         from pearl.models.config import ModelConfig
 
         torch.set_num_threads(torch_threads)

@@ -4,6 +4,7 @@ deployment (N colocated workers or an N_P:N_D split) running rollout batches."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -61,9 +62,7 @@ class SimulatedCluster:
                 raise ValueError(
                     f"{self.cost.model.name} does not fit on TP{tp} {self.cost.gpu.name}: KV capacity {capacity} tokens"
                 )
-            engine = SimEngineConfig(
-                **{**_asdict(engine), "num_kv_blocks": capacity // engine.block_size}
-            )
+            engine = dataclasses.replace(engine, num_kv_blocks=capacity // engine.block_size)
         self.workers = []
         for i in range(self.num_workers):
             wid = f"w{i}"
@@ -212,10 +211,6 @@ def simulate_fixed_rollout(
         time_breakdown=[w.counters.time_breakdown(result.makespan_s) for w in cluster.workers],
         result=result,
     )
-
-
-def _asdict(cfg: SimEngineConfig) -> dict:
-    return {name: getattr(cfg, name) for name in cfg.__slots__}  # type: ignore[attr-defined]
 
 
 def deployments_for(num_workers: int) -> Sequence[Deployment]:

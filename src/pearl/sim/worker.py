@@ -22,7 +22,8 @@ from typing import Protocol
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
 from pearl.engine.block_manager import BlockManager
-from pearl.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from pearl.engine.config import EngineConfig
+from pearl.engine.scheduler import Scheduler, SchedulerOutput
 from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
@@ -42,21 +43,16 @@ class IterationCost(Protocol):
 
 
 @dataclass(slots=True)
-class SimEngineConfig:
-    """Capacity and batching of one simulated engine (mirrors ``EngineConfig``)."""
+class SimEngineConfig(EngineConfig):
+    """The engine's configuration (``EngineConfig``: capacity, batching, scheduling mode)
+    plus what only a simulated worker has. Capacity defaults are a GPU worker's, not the
+    CPU engine's: the simulator models H800-class GPUs (``pearl simulate``'s ``sim``
+    section sets each explicitly; the KV blocks are sized from the GPU's memory)."""
 
     num_kv_blocks: int = 4096
-    block_size: int = 16
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
-    max_model_len: int = 40960
-    local_prefill_max_tokens: int = 0
-    scheduling: str = "mixed"  # SchedulingMode: "mixed" or "sglang"
-    chunked_prefill_size: int = 8192  # sglang mode
-    max_prefill_tokens: int = 16384  # sglang mode
-    # Drop pinned sessions and the prefix cache when new weights are installed (SGLang's
-    # update_weights flush_cache=True): continuing sessions re-prefill their context.
-    flush_cache_on_weight_update: bool = False
+    max_model_len: int = 40960  # type: ignore[assignment]  # a number: no model folder to read
     fast_forward: bool = True
     # Per-turn cost outside the engine (RPC to the worker, driver bookkeeping), paid before
     # the turn reaches the scheduler; 0 for an ideal in-process worker.
@@ -127,16 +123,7 @@ class SimulatedWorker:
         cfg = self.config
         self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size)
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_num_seqs=cfg.max_num_seqs,
-                max_model_len=cfg.max_model_len,
-                role=_engine_role(role),
-                local_prefill_max_tokens=cfg.local_prefill_max_tokens,
-                mode=cfg.scheduling,
-                chunked_prefill_size=cfg.chunked_prefill_size,
-                max_prefill_tokens=cfg.max_prefill_tokens,
-            ),
+            cfg.scheduler_config(cfg.max_model_len, _engine_role(role)),
             self.blocks,
         )
         self._role = role
