@@ -35,6 +35,7 @@ import yaml
 
 from pearl.apps import fidelity as fid
 from pearl.control.deployment import Deployment
+from pearl.engine.config import EngineConfig
 from pearl.engine.iteration_timing import Sample, get_grid
 from pearl.live.server import ModelSpec
 from pearl.live.worker import ensure_ray
@@ -100,7 +101,7 @@ def main() -> None:
     model_config = json.loads((model_folder / "config.json").read_text())
     rollout = config["rollout"]
     grid = get_grid(GRID)
-    probe_engine = dict(
+    probe_engine = EngineConfig(
         block_size=16,
         num_kv_blocks=grid.kv_blocks(16, REPEATS) + 64,
         max_num_batched_tokens=512,

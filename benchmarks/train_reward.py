@@ -19,7 +19,8 @@ import json
 import time
 from pathlib import Path
 
-from pearl.apps.train.run import TrainRun, load_train_config
+from pearl.apps.train.config import load_train_config
+from pearl.apps.train.run import TrainRun
 
 
 def main() -> None:

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pearl.apps.train.run import TrainRun, load_train_config
+from pearl.apps.train.config import load_train_config
+from pearl.apps.train.run import TrainRun
 from pearl.envs import make_env, split_seed
 from pearl.models.catalog import resolve_model
 

@@ -278,7 +278,7 @@ def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_pa
 
 @pytest.mark.parametrize("kind", ["rollout", "rl", "train"])
 def test_config_show_prints_every_default_with_its_meaning_as_a_loadable_config(kind, tmp_path):
-    from pearl.apps.train.run import TrainConfig
+    from pearl.apps.train.config import TrainConfig
     from pearl.config import RLExperimentConfig, SimulateConfig, load_config
 
     result = CliRunner().invoke(app, ["config", "show", kind])

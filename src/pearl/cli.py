@@ -148,7 +148,8 @@ def train(
 ) -> None:
     """Asynchronous multi-turn GRPO on a real model, live; extra args are key=value overrides
     (e.g. run.steps=5 rollout.workers=2 env.name=guess); every key: pearl config show train."""
-    from pearl.apps.train.run import TrainRun, load_train_config
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
     from pearl.errors import PearlError, RunStopped
 
     try:
@@ -208,7 +209,7 @@ def config_show(
         typer.echo(f"error: unknown config {kind!r}; valid: {', '.join(CONFIG_KINDS)}", err=True)
         raise typer.Exit(code=2)
     if kind == "train":
-        from pearl.apps.train.run import TrainConfig
+        from pearl.apps.train.config import TrainConfig
 
         model: type = TrainConfig
     else:

@@ -86,7 +86,9 @@ def ray_runtime():
 def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray_runtime):
     import asyncio
 
-    from pearl.apps.train.run import TrainConfig, TrainRun
+    from pearl.apps.train.config import TrainConfig
+    from pearl.apps.train.run import TrainRun
+    from pearl.engine.config import EngineConfig
     from pearl.live.server import ModelSpec
     from pearl.live.worker import LiveWorker
 
@@ -97,7 +99,7 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
 
     async def main():
         worker = LiveWorker(
-            "w0", ModelSpec(folder=str(chat_model)), {"block_size": 16, "num_kv_blocks": 256}
+            "w0", ModelSpec(folder=str(chat_model)), EngineConfig(block_size=16, num_kv_blocks=256)
         )
         await worker.ready()
         router = Router()
@@ -123,7 +125,8 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
 
 
 def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ray_runtime):
-    from pearl.apps.train.run import TrainRun, load_train_config
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
 
     overrides = [
         f"model.name={chat_model}",
@@ -185,7 +188,8 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
     """The control plane's composition over live actors: an elastic pool starts with a
     preemptible worker and loses it mid-run (urgent shrink: cut turns resume elsewhere), and
     the trainer's slot is borrowed between updates (PEARL, ungated)."""
-    from pearl.apps.train.run import TrainRun, load_train_config
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
 
     overrides = [
         f"model.name={chat_model}",
@@ -214,7 +218,8 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
 
 
 def run_with_kills(chat_model, tmp_path, steps: int, every_s: float):
-    from pearl.apps.train.run import TrainRun, load_train_config
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
 
     overrides = [
         f"model.name={chat_model}",
@@ -257,7 +262,7 @@ def test_twenty_worker_kills_lose_or_duplicate_no_trajectory(chat_model, tmp_pat
 
 
 def test_train_config_errors_name_the_key():
-    from pearl.apps.train.run import load_train_config
+    from pearl.apps.train.config import load_train_config
 
     with pytest.raises(ConfigError, match="rollout.group_size"):
         load_train_config(None, ["rollout.group_size=1"])
@@ -272,7 +277,7 @@ def test_train_config_errors_name_the_key():
 def test_shipped_train_config_validates():
     from pathlib import Path
 
-    from pearl.apps.train.run import load_train_config
+    from pearl.apps.train.config import load_train_config
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_train_config(root / "configs" / "train_smollm.yaml")

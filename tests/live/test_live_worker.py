@@ -59,7 +59,7 @@ def reference_tokens():
 
 def test_engine_server_serves_turns_between_iterations():
     async def main():
-        server = EngineServer("w0", ModelSpec(config=MODEL), ENGINE)
+        server = EngineServer("w0", ModelSpec(config=MODEL), EngineConfig(**ENGINE))
         turns = [
             TurnRequest(f"r{i}", f"s{i}", [1 + i, 2, 3, 4, 5], 8, temperature=0) for i in range(3)
         ]
@@ -77,7 +77,7 @@ def test_a_released_worker_frees_its_weights_and_kv_and_serves_again_after_a_syn
     weights installed while released come back with restore_device."""
 
     async def main():
-        server = EngineServer("w0", ModelSpec(config=MODEL), ENGINE)
+        server = EngineServer("w0", ModelSpec(config=MODEL), EngineConfig(**ENGINE))
         turn = TurnRequest("r0", "s0", [3, 1, 4, 1, 5], 6, temperature=0)
         before = await server.run_turn(turn)
         await server.release_session("s0")
@@ -101,7 +101,7 @@ def test_a_released_worker_frees_its_weights_and_kv_and_serves_again_after_a_syn
 
 def test_engine_server_logs_iteration_shapes_the_cost_model_can_price():
     async def main():
-        server = EngineServer("w0", ModelSpec(config=MODEL), ENGINE)
+        server = EngineServer("w0", ModelSpec(config=MODEL), EngineConfig(**ENGINE))
         await server.log_iterations(True)
         turns = [
             TurnRequest(f"r{i}", f"s{i}", list(range(1, 40)), 5, temperature=0) for i in range(2)
@@ -136,8 +136,8 @@ def test_disaggregated_ray_workers_match_a_colocated_engine(ray_runtime):
     from pearl.live.worker import LiveKVMover, LiveWorker
 
     async def main():
-        p = LiveWorker("p0", ModelSpec(config=MODEL), ENGINE, WorkerRole.PREFILL)
-        d = LiveWorker("d0", ModelSpec(config=MODEL), ENGINE, WorkerRole.DECODE)
+        p = LiveWorker("p0", ModelSpec(config=MODEL), EngineConfig(**ENGINE), WorkerRole.PREFILL)
+        d = LiveWorker("d0", ModelSpec(config=MODEL), EngineConfig(**ENGINE), WorkerRole.DECODE)
         await asyncio.gather(p.ready(), d.ready())
         mover = LiveKVMover()
         router = Router(mover)

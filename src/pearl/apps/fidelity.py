@@ -21,6 +21,7 @@ from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
 from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
+from pearl.engine.config import EngineConfig
 from pearl.report.progress import Progress
 from pearl.sim.cost_profile import Profile
 from pearl.sim.costmodel import CostModel
@@ -34,7 +35,7 @@ from pearl.workloads.profiles import get_profile, scaled
 # The model calibration and fidelity run on (random weights, 15.7M parameters, float32).
 CALIBRATION_MODEL: dict[str, Any] = RANDOM_MODELS["qwen3-16m"]
 
-CALIBRATION_ENGINE: dict[str, Any] = dict(
+CALIBRATION_ENGINE = EngineConfig(
     block_size=16,
     num_kv_blocks=8448,
     max_num_batched_tokens=512,
@@ -147,7 +148,7 @@ def sim_cost(profile: Profile, model_config: dict[str, Any]) -> CostModel:
 def run_sim_case(
     case: FidelityCase,
     cost: CostModel,
-    engine: dict[str, Any],
+    engine: EngineConfig,
     vocab: int,
     link_latency_s: float,
     request_overhead_s: float = 0.0,
@@ -157,11 +158,8 @@ def run_sim_case(
 ):
     """The case simulated once; ``wrap`` and ``on_iteration`` as in
     :func:`pearl.sim.fixed.simulate_fixed_rollout`."""
-    cfg = SimEngineConfig(
-        num_kv_blocks=engine["num_kv_blocks"],
-        block_size=engine["block_size"],
-        max_num_batched_tokens=engine["max_num_batched_tokens"],
-        max_num_seqs=engine["max_num_seqs"],
+    cfg = SimEngineConfig.mirroring(
+        engine,
         max_model_len=CALIBRATION_MODEL["max_position_embeddings"],
         request_overhead_s=request_overhead_s,
         rpc_overhead_s=rpc_overhead_s,
@@ -181,7 +179,7 @@ def run_sim_case(
     return report.result
 
 
-async def _live_workers(deployment: Deployment, model, engine: dict[str, Any]):
+async def _live_workers(deployment: Deployment, model, engine: EngineConfig):
     from pearl.live.worker import LiveWorker
 
     workers = [
@@ -204,7 +202,7 @@ async def _live_workers(deployment: Deployment, model, engine: dict[str, Any]):
 def run_live_case(
     case: FidelityCase,
     model,
-    engine: dict[str, Any],
+    engine: EngineConfig,
     vocab: int,
     wrap: Callable[[Any], Any] | None = None,
 ) -> tuple[BatchResult, list]:
@@ -277,7 +275,7 @@ def iteration_check(cost: CostModel, log: list) -> dict[str, float]:
     }
 
 
-def measure_transfer(model, engine: dict[str, Any], sizes=(64, 512, 2048)) -> tuple[float, float]:
+def measure_transfer(model, engine: EngineConfig, sizes=(64, 512, 2048)) -> tuple[float, float]:
     """Fit (latency s, bandwidth B/s) of an actor-to-actor KV move from a few sizes."""
     from pearl.live.worker import LiveKVMover
 
@@ -310,7 +308,7 @@ def measure_transfer(model, engine: dict[str, Any], sizes=(64, 512, 2048)) -> tu
 
 def calibrate_in_worker(
     model,
-    engine: dict[str, Any],
+    engine: EngineConfig,
     grid: str = "default",
     repeats: int = 5,
     concurrent: int = 1,
@@ -385,7 +383,7 @@ class HeldOut:
 
 
 def held_out_samples(
-    model, engine: dict[str, Any], vocab: int, deployment: str, workload: str | None = None
+    model, engine: EngineConfig, vocab: int, deployment: str, workload: str | None = None
 ) -> HeldOut:
     """The iterations live engines ran in the held-out workloads (or only ``workload``'s) on
     ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
@@ -446,7 +444,7 @@ def compare(
     profile: Profile | None,
     cases=DEFAULT_CASES,
     model_config: dict[str, Any] = CALIBRATION_MODEL,
-    engine: dict[str, Any] = CALIBRATION_ENGINE,
+    engine: EngineConfig = CALIBRATION_ENGINE,
     log: Callable[[str], None] = logger.info,
     calibration: str = "in-situ",
     live_repeats: int = 3,

@@ -18,6 +18,7 @@ from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest
 from pearl.control.rollout_engine import EngineCapabilities
+from pearl.engine.config import EngineConfig
 from pearl.engine.kv_transfer import KVChunk
 from pearl.engine.scheduler import InFlight
 from pearl.engine.sequence import RequestOutput, Role
@@ -42,23 +43,21 @@ class EngineServer:
         self,
         worker_id: str,
         model: ModelSpec,
-        engine_config: dict[str, Any],
+        engine_config: EngineConfig,
         torch_threads: int = 1,
     ) -> None:
         import torch
 
-        from pearl.engine.config import EngineConfig
         from pearl.engine.engine import LLMEngine
         from pearl.models.config import ModelConfig
 
         torch.set_num_threads(torch_threads)
         self.worker_id = worker_id
-        cfg = EngineConfig(**engine_config)
         if model.folder is not None:
-            self.engine = LLMEngine.from_folder(model.folder, cfg)
+            self.engine = LLMEngine.from_folder(model.folder, engine_config)
         elif model.config is not None:
             self.engine = LLMEngine.from_model_config(
-                ModelConfig.from_dict(model.config), cfg, seed=model.seed
+                ModelConfig.from_dict(model.config), engine_config, seed=model.seed
             )
         else:
             raise ValueError("ModelSpec needs a folder or a config")

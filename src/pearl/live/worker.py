@@ -4,11 +4,14 @@ with a driver-side handle implementing ``pearl.control.interfaces.RolloutWorker`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
+from pearl.engine.config import EngineConfig
+from pearl.engine.sequence import Role
 from pearl.errors import EngineStateError, KVTransferError
 from pearl.live.server import EngineServer, ModelSpec
 
@@ -59,7 +62,7 @@ class LiveWorker:
         self,
         worker_id: str,
         model: ModelSpec,
-        engine_config: dict[str, Any],
+        engine_config: EngineConfig,
         role: WorkerRole = WorkerRole.COLOCATED,
     ):
         self.worker_id = worker_id
@@ -73,7 +76,7 @@ class LiveWorker:
         # Where sync_weights finds the newest weights: an ObjectRef of the trainer's
         # (version, weights) in Ray's object store (set by the training run).
         self.weights_source = None
-        config = {**engine_config, "role": role.value}
+        config = dataclasses.replace(engine_config, role=Role(role.value))
         self.actor = _actor_class().options(name=None).remote(worker_id, model, config)
 
     @property

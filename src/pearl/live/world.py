@@ -12,13 +12,14 @@ is refitted from live measurements as in the simulator.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from pearl.control.composition import WorldLatencies
 from pearl.control.decision import WorkloadParams
+from pearl.control.driver import ForwardingListener
 from pearl.control.interfaces import WorkerRole
 from pearl.control.state import WorkerSlot
 from pearl.control.tracker import IterationObservation
+from pearl.engine.config import EngineConfig
 from pearl.live.server import EngineServer, ModelSpec
 from pearl.live.trainer import LiveTrainer
 from pearl.live.worker import LiveKVMover, LiveWorker
@@ -58,7 +59,7 @@ class LiveWorld:
     def __init__(
         self,
         model: ModelSpec,
-        engine: dict[str, Any],
+        engine: EngineConfig,
         trainer: LiveTrainer,
         prior: WorkloadParams,
         latencies: WorldLatencies | None = None,
@@ -117,13 +118,14 @@ def as_observation(iteration: tuple[list, list[int], float]) -> IterationObserva
     return IterationObservation(len(decodes), sum(t for t, _ in prefills), seconds, sum(decodes))
 
 
-class IterationFeed:
+class IterationFeed(ForwardingListener):
     """Pipeline listener: the tracker sees the live iterations of a batch before the Elastic
-    Scheduler refits on it; everything else is forwarded. ``iterations[step]`` keeps each
-    batch's iterations as the engines logged them (for the run folder)."""
+    Scheduler refits on it; ``on_step(step, version)`` runs after each trained step.
+    ``iterations[step]`` keeps each batch's iterations as the engines logged them."""
 
     def __init__(self, world: LiveWorld, plane, on_step=None) -> None:
-        self.world, self.plane, self.on_step = world, plane, on_step
+        super().__init__(plane)
+        self.world, self.on_step = world, on_step
         self.iterations: dict[int, list] = {}
 
     async def on_rollout_finished(self, step: int, result) -> None:
@@ -131,12 +133,9 @@ class IterationFeed:
         self.iterations[step] = logs
         for it in logs:
             self.plane.tracker.observe_iteration(as_observation(it))
-        await self.plane.elastic.on_rollout_finished(step, result)
-
-    async def on_training_begin(self, step: int) -> None:
-        await self.plane.elastic.on_training_begin(step)
+        await super().on_rollout_finished(step, result)
 
     async def on_training_finished(self, step: int, weight_version: int) -> None:
-        await self.plane.elastic.on_training_finished(step, weight_version)
+        await super().on_training_finished(step, weight_version)
         if self.on_step is not None and step >= 0:
             await self.on_step(step, weight_version)

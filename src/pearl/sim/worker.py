@@ -13,6 +13,7 @@ times equal iteration-by-iteration stepping exactly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import zlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
@@ -60,6 +61,13 @@ class SimEngineConfig(EngineConfig):
     # Round trip of a call that does not wait for the engine (session_length,
     # match_session, release_session) through the world's RPC layer; 0 in-process.
     rpc_overhead_s: float = 0.0
+
+    @classmethod
+    def mirroring(cls, engine: EngineConfig, max_model_len: int, **sim_only) -> SimEngineConfig:
+        """The simulated twin of a live engine: every ``EngineConfig`` field copied (the
+        model's context limit as a number), plus ``sim_only`` fields."""
+        shared = {f.name: getattr(engine, f.name) for f in dataclasses.fields(EngineConfig)}
+        return cls(**{**shared, "max_model_len": max_model_len, **sim_only})
 
 
 class TimeUse(StrEnum):

@@ -1,0 +1,120 @@
+"""``pearl train``'s configuration: model, cluster (policy, availability), environment,
+rollout engine, trainer and run sections, validated (pydantic), with ``key=value``
+overrides."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from pearl.config import _Section, load_config, plain_run_name
+
+
+class TrainModelSection(_Section):
+    name: str = Field("smollm2-135m", description="catalog model or a Hugging Face folder")
+
+
+class TrainEnvSection(_Section):
+    name: str = Field("calculator", description="calculator or guess")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the environment's arguments, e.g. {level: easy}"
+    )
+
+
+class TrainRolloutSection(_Section):
+    workers: int = Field(1, ge=1, le=16, description="colocated rollout workers (processes)")
+    tasks_per_step: int = Field(8, ge=1, le=1024)
+    group_size: int = Field(4, ge=2, le=64, description="trajectories per task (GRPO group)")
+    max_new_tokens: int = Field(64, ge=1, le=4096, description="per turn")
+    max_context_tokens: int = Field(768, ge=16, le=32768)
+    temperature: float = Field(
+        0.7, gt=0, le=2.0, description="sampling temperature (the trainer's ratio uses it too)"
+    )
+    kv_blocks: int = Field(
+        512, ge=16, le=1_000_000, description="KV blocks of 16 tokens per worker"
+    )
+    max_num_seqs: int = Field(64, ge=1, le=1024)
+
+
+class TrainTrainerSection(_Section):
+    learning_rate: float = Field(1e-5, gt=0, le=1e-2)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(
+        1024, ge=16, le=1_000_000, description="padded tokens per backward pass (memory)"
+    )
+    threads: int = Field(
+        2, ge=1, le=64, description="torch threads of the trainer (it is the bottleneck here)"
+    )
+
+
+class TrainRunSection(_Section):
+    steps: int = Field(10, ge=1, le=100_000)
+    max_staleness: int = Field(1, ge=0, le=8)
+    seed: int = Field(0, ge=0)
+    eval_tasks: int = Field(32, ge=0, le=100_000, description="held-out tasks before and after")
+    eval_temperature: float | None = Field(
+        None, ge=0, le=2.0, description="held-out sampling temperature: 0 greedy, default rollout's"
+    )
+    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: end only)")
+    chaos_kill_every_s: float = Field(
+        0.0,
+        ge=0,
+        description="fault injection: kill a random dedicated rollout worker's process "
+        "(ray.kill) this often, to exercise recovery (0: never)",
+    )
+    run_dir: str = Field("runs", description="parent folder of run folders")
+    run_name: str | None = Field(
+        None, description="run folder name (default: train- plus a timestamp and a suffix)"
+    )
+
+    _plain_name = field_validator("run_name")(plain_run_name)
+
+
+class TrainClusterSection(_Section):
+    policy: str = Field(
+        "roll",
+        description="rollout policy (pearl.control.policies): roll, rlboost, static-pd, "
+        "pearl-pd, pearl-ungated, pearl, ...",
+    )
+    preemptible_workers: int = Field(
+        0, ge=0, le=16, description="elastic policies: at most this many extra rollout workers"
+    )
+    availability: list[tuple[float, int]] = Field(
+        default_factory=list,
+        description="elastic policies: (seconds from the start, preemptible workers) changes",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from pearl.control.policies import get_policy
+
+        get_policy(value)  # raises with the valid names
+        return value
+
+    @field_validator("availability")
+    @classmethod
+    def _sane_changes(cls, value: list[tuple[float, int]]) -> list[tuple[float, int]]:
+        for t, n in value:
+            if not (t >= 0 and math.isfinite(t)) or n < 0:
+                raise ValueError(
+                    f"availability changes need times >= 0 and counts >= 0, got {(t, n)}"
+                )
+        return value
+
+
+class TrainConfig(_Section):
+    model: TrainModelSection = Field(default_factory=TrainModelSection)
+    cluster: TrainClusterSection = Field(default_factory=TrainClusterSection)
+    env: TrainEnvSection = Field(default_factory=TrainEnvSection)
+    rollout: TrainRolloutSection = Field(default_factory=TrainRolloutSection)
+    trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
+    run: TrainRunSection = Field(default_factory=TrainRunSection)
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    return load_config(TrainConfig, path, overrides)

@@ -1,0 +1,93 @@
+"""``pearl train``'s records: one ``metrics.jsonl`` row per step, one ``rollouts.jsonl``
+row per rollout (what the simulator replays), the roles in use, and the Wilson interval
+of a held-out success rate."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+
+def roles_in_use(plane) -> str:
+    """The active rollout roles, e.g. ``2 colocated`` or ``1 prefill + 1 decode``."""
+    from collections import Counter
+
+    from pearl.control.state import WorkerStatus
+
+    snap = plane.table.snapshot()
+    counts = Counter(
+        str(s.role) for s in snap.slots if s.status is WorkerStatus.ACTIVE and not s.is_training
+    )
+    return " + ".join(f"{n} {role}" for role, n in sorted(counts.items())) or "none"
+
+
+def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
+    """One ``metrics.jsonl`` row for a trained step."""
+    stats = rec.train_stats
+    trajectories = rec.result.trajectories
+    rollout_s = rec.rollout_finished - rec.rollout_started
+    return {
+        "step": offset + rec.step,
+        "elapsed_s": elapsed,
+        "reward_mean": stats.get("reward_mean", math.nan),
+        "reward_std": stats.get("reward_std", math.nan),
+        "success_rate": stats.get("success_rate", math.nan),
+        "trajectories": len(trajectories),
+        "turns": sum(len(t.turns) for t in trajectories),
+        "rollout_tokens": rec.rollout_tokens,
+        "train_tokens": int(stats.get("batch_tokens", 0)),
+        "scored_tokens": int(stats.get("trained_tokens", 0)),
+        "skipped_trajectories": int(stats.get("skipped_trajectories", 0)),
+        "rollout_s": rollout_s,
+        "train_s": rec.train_finished - rec.train_started,
+        "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,
+        "staleness": version - 1 - rec.weight_versions[0],
+        "weight_version": version,
+        "loss": stats.get("loss", math.nan),
+        "grad_norm": stats.get("grad_norm", math.nan),
+        "clip_fraction": stats.get("clip_fraction", math.nan),
+    }
+
+
+def rollout_shapes(rec, iterations: list) -> dict[str, Any]:
+    """One ``rollouts.jsonl`` row: a step's rollout as token counts and times, enough to
+    replay it in the simulator (``benchmarks/train_live_vs_sim.py``): per trajectory, per
+    turn ``[appended tokens, generated tokens, tokens of it kept, environment seconds]``;
+    the tokens every first prompt shares; the engines' iterations (prefill chunks as
+    ``[tokens, cached]``, decode contexts, seconds)."""
+    trajectories = rec.result.trajectories
+    prompts = [t.sample.token_ids[: t.appended_tokens[0]] for t in trajectories if t.sample]
+    shared = len(os.path.commonprefix(prompts)) if prompts else 0  # works on lists too
+    return {
+        "step": rec.step,
+        "rollout_s": rec.rollout_finished - rec.rollout_started,
+        "shared_prefix_tokens": shared,
+        "trajectories": [
+            {
+                "group": t.sample.group if t.sample else t.session_id,
+                "turns": [
+                    [
+                        t.appended_tokens[k],
+                        len(out.token_ids),
+                        t.kept_tokens[k + 1] if k + 1 < len(t.kept_tokens) else len(out.token_ids),
+                        t.env_s[k] if k < len(t.env_s) else 0.0,
+                    ]
+                    for k, out in enumerate(t.turns)
+                ],
+            }
+            for t in trajectories
+        ],
+        "iterations": [[list(map(list, p)), list(d), s] for p, d, s in iterations],
+    }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95% by default)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
