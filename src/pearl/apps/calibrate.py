@@ -447,8 +447,8 @@ weights' values): ``qwen3-16m`` (15.7M parameters) suits the default grid,
 
 def model_shape_of(engine: LLMEngine) -> ModelShape:
     """The cost model's view of the engine's model, in float32."""
-    return ModelShape.from_hf_config(
-        engine.model_config.to_hf_dict(),
+    return ModelShape.from_model_config(
+        engine.model_config,
         engine.model_id,
         source=f"engine {engine.model_id}",
         dtype_bytes=PROFILE_DTYPE_BYTES,
@@ -496,10 +496,10 @@ def build_engine(
                 f"nor a random model name ({', '.join(RANDOM_MODELS)})"
             )
     max_len = grid.max_len(repeats) + 1
-    if max_len > cfg.max_position_embeddings:
+    if max_len > cfg.context_limit:
         raise ConfigError(
             f"calibration grid {grid.name!r} needs sequences of {max_len} tokens; the model's "
-            f"max_position_embeddings is {cfg.max_position_embeddings} (use a smaller grid)"
+            f"max_position_embeddings is {cfg.context_limit} (use a smaller grid)"
         )
     engine_config = EngineConfig(
         block_size=block_size,
@@ -507,7 +507,7 @@ def build_engine(
         num_kv_blocks=grid.kv_blocks(block_size, repeats) + 64,
         max_num_batched_tokens=grid.max_num_tokens(),
         max_num_seqs=grid.max_num_sequences(),
-        max_model_len=cfg.max_position_embeddings,
+        max_model_len=cfg.context_limit,
         model_id=name,
         seed=seed,
     )

@@ -92,11 +92,11 @@ class LLMEngine:
         # Called after every non-empty iteration with its schedule and its seconds
         # (schedule + forward + postprocess), e.g. to log batch shapes against time.
         self.on_iteration: Callable[[SchedulerOutput, float], None] | None = None
-        max_len = config.max_model_len or model.config.max_position_embeddings
-        if max_len > model.config.max_position_embeddings:
+        max_len = config.max_model_len or model.config.context_limit
+        if max_len > model.config.context_limit:
             raise RequestError(
                 f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{model.config.max_position_embeddings}"
+                f"{model.config.context_limit}"
             )
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(

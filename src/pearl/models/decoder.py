@@ -113,7 +113,7 @@ class DecoderForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+            cfg.head_dim, cfg.context_limit, cfg.rope_theta, cfg.rope_scaling
         )
 
     def forward(

@@ -188,8 +188,3 @@ def get_gpu(name: str) -> GPUSpec:
         f"unknown GPU {name!r}; known: {', '.join(GPU_CATALOG)} "
         "(or give a custom GPUSpec in a profile file)"
     )
-
-
-def gpu_spec_fields() -> tuple[str, ...]:
-    """Names of GPUSpec's fields, in order (profile files use them as keys)."""
-    return tuple(f.name for f in fields(GPUSpec))

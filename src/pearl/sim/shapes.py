@@ -10,21 +10,16 @@ No torch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pearl.errors import ConfigError
+from pearl.models.config import ModelConfig
 
 BF16_BYTES = 2
 """Bytes per bf16 value: the default weight and KV dtype on GPUs."""
-
-_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
-"""Model types that normalize queries and keys per head (2 x head_dim extra weights/layer)."""
-_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
-"""Model types whose q/k/v projections carry a bias even without ``attention_bias``."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -256,79 +251,46 @@ class ModelShape:
         dtype_bytes: int = BF16_BYTES,
         kv_dtype_bytes: int | None = None,
     ) -> ModelShape:
-        """Build a shape from a ``config.json`` dict; errors name ``source`` and the field."""
-        if not isinstance(config, Mapping):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(config).__name__}")
-        raw: Mapping[str, Any] = config
-        # Multimodal wrappers keep the language model under text_config.
-        if "hidden_size" not in raw and isinstance(raw.get("text_config"), Mapping):
-            raw = raw["text_config"]
-        model_type = str(raw.get("model_type", config.get("model_type", "")))
+        """Build a shape from a ``config.json`` dict (parsed by ``ModelConfig``, as the live
+        engine's model is); errors name ``source`` and the field."""
+        parsed = ModelConfig.from_dict(config, source, for_engine=False)
+        return cls.from_model_config(
+            parsed, name, source=source, dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes
+        )
 
-        def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
-            value = raw.get(key, default)
-            if value is None:
-                raise ConfigError(f"{source}: required field {key!r} is missing")
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(
-                    f"{source}: field {key!r} must be an integer >= {minimum}, got {value!r}"
-                )
-            return value
-
-        if "num_local_experts" in raw and "num_experts" not in raw:
-            raise ConfigError(
-                f"{source}: MoE fields named as Mixtral's (num_local_experts) are not "
-                "supported; use Qwen3-MoE's names: num_experts, num_experts_per_tok, "
-                "moe_intermediate_size"
-            )
-        hidden = integer("hidden_size")
-        heads = integer("num_attention_heads")
-        kv_heads = raw.get("num_key_value_heads") or heads
-        head_dim = raw.get("head_dim") or hidden // heads
-        num_experts = integer("num_experts", 0, minimum=0)
-        mlp_only = raw.get("mlp_only_layers") or []
-        if not isinstance(mlp_only, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in mlp_only
-        ):
-            raise ConfigError(
-                f"{source}: field 'mlp_only_layers' must be a list of layer indexes, "
-                f"got {mlp_only!r}"
-            )
-        attention_bias = raw.get("attention_bias")
-        if attention_bias is None:
-            attention_bias = model_type in _QKV_BIAS_TYPES
+    @classmethod
+    def from_model_config(
+        cls,
+        config: ModelConfig,
+        name: str | None = None,
+        *,
+        source: str = "<config>",
+        dtype_bytes: int = BF16_BYTES,
+        kv_dtype_bytes: int | None = None,
+    ) -> ModelShape:
+        """The shape of a parsed model config (weights and KV in ``dtype_bytes`` per value)."""
         try:
             return cls(
-                name=name or str(raw.get("_name_or_path") or model_type or "model"),
-                hidden_size=hidden,
-                num_hidden_layers=integer("num_hidden_layers"),
-                num_attention_heads=heads,
-                num_key_value_heads=kv_heads,
-                head_dim=head_dim,
-                intermediate_size=integer("intermediate_size", 0, minimum=0),
-                vocab_size=integer("vocab_size"),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                num_experts=num_experts,
-                num_experts_per_tok=integer("num_experts_per_tok", 0, minimum=0)
-                if num_experts
-                else 0,
-                moe_intermediate_size=integer("moe_intermediate_size", 0, minimum=0)
-                if num_experts
-                else 0,
-                decoder_sparse_step=integer("decoder_sparse_step", 1),
-                mlp_only_layers=tuple(mlp_only),
-                shared_expert_intermediate_size=integer(
-                    "shared_expert_intermediate_size", 0, minimum=0
-                )
-                if num_experts
-                else 0,
-                attention_bias=bool(attention_bias),
-                qk_norm=model_type in _QK_NORM_TYPES,
+                name=name or config.name or config.model_type or "model",
+                hidden_size=config.hidden_size,
+                num_hidden_layers=config.num_hidden_layers,
+                num_attention_heads=config.num_attention_heads,
+                num_key_value_heads=config.num_key_value_heads,
+                head_dim=config.head_dim,
+                intermediate_size=config.intermediate_size,
+                vocab_size=config.vocab_size,
+                tie_word_embeddings=config.tie_word_embeddings,
+                num_experts=config.num_experts,
+                num_experts_per_tok=config.num_experts_per_tok,
+                moe_intermediate_size=config.moe_intermediate_size,
+                decoder_sparse_step=config.decoder_sparse_step,
+                mlp_only_layers=config.mlp_only_layers,
+                shared_expert_intermediate_size=config.shared_expert_intermediate_size,
+                attention_bias=config.attention_bias,
+                qk_norm=config.qk_norm,
                 dtype_bytes=dtype_bytes,
                 kv_dtype_bytes=dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes,
-                max_position_embeddings=integer("max_position_embeddings")
-                if raw.get("max_position_embeddings") is not None
-                else None,
+                max_position_embeddings=config.max_position_embeddings,
             )
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -417,11 +379,6 @@ CATALOG_CONFIGS: dict[str, dict[str, Any]] = {
 """Architecture fields of each catalog model's config.json, by canonical name."""
 
 
-def catalog_names() -> tuple[str, ...]:
-    """Names ``load_model_shape`` accepts without a path."""
-    return tuple(CATALOG_CONFIGS)
-
-
 def load_model_shape(
     name_or_path: str | Path, *, dtype_bytes: int = BF16_BYTES, kv_dtype_bytes: int | None = None
 ) -> ModelShape:
@@ -448,11 +405,8 @@ def load_model_shape(
             f"{text!r} is neither a catalog model nor an existing config.json or model folder; "
             f"catalog models: {', '.join(CATALOG_CONFIGS)}"
         )
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read a JSON config ({exc})") from exc
     name = path.parent.name if path.name == "config.json" else path.stem
-    return ModelShape.from_hf_config(
-        raw, name, source=str(path), dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes
+    parsed = ModelConfig.read(path, for_engine=False)
+    return ModelShape.from_model_config(
+        parsed, name, source=str(path), dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_dtype_bytes
     )
