@@ -3,6 +3,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+from tiny_model import tiny_model  # noqa: E402
 
 try:
     import torch
@@ -16,17 +17,4 @@ except ImportError:  # the pure-Python parts are tested without torch too
 def tiny_config():
     from pearl.models.config import ModelConfig
 
-    return ModelConfig.from_dict(
-        {
-            "model_type": "qwen3",
-            "vocab_size": 97,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "max_position_embeddings": 1024,
-            "tie_word_embeddings": True,
-        }
-    )
+    return ModelConfig.from_dict(tiny_model(max_position_embeddings=1024, tie_word_embeddings=True))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from reportparse import parse_report
+from tiny_model import tiny_model
 
 from pearl.config import ConfigError
 from pearl.control.agent_loop import AgentLoopConfig
@@ -24,18 +25,13 @@ from pearl.models.config import ModelConfig
 from pearl.models.loader import build_model, save_model
 from pearl.models.tokenizer import Tokenizer
 
-LLAMA = {
-    "model_type": "llama",
-    "vocab_size": 300,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "tie_word_embeddings": True,
-    "eos_token_id": 257,
-}
+LLAMA = tiny_model(
+    "llama",
+    vocab_size=300,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    eos_token_id=257,
+)
 
 
 def tiny_chat_model(folder):

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from tiny_model import tiny_model
 
 from pearl.control.interfaces import TrainBatch, TrainSample
 from pearl.engine.config import EngineConfig
@@ -15,18 +16,13 @@ from pearl.live.server import ModelSpec
 from pearl.live.trainer import DeviceLentError, GRPOTrainer, TrainerConfig
 from pearl.models.config import ModelConfig
 
-LLAMA = {
-    "model_type": "llama",
-    "vocab_size": 120,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": True,
-    "rope_theta": 100000.0,
-}
+LLAMA = tiny_model(
+    "llama",
+    vocab_size=120,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+)
 
 
 def test_group_advantages_standardize_within_each_group():

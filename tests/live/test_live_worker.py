@@ -5,6 +5,7 @@ import dataclasses
 import statistics
 
 import pytest
+from tiny_model import tiny_model
 
 from pearl.control.agent_loop import AgentLoopConfig, run_trajectory
 from pearl.control.interfaces import AsyncioClock, TurnRequest, WorkerRole
@@ -17,17 +18,7 @@ from pearl.models.config import ModelConfig
 from pearl.workloads.batch import Trajectory, Turn
 from pearl.workloads.token_ids import observation_token_ids
 
-MODEL = {
-    "model_type": "qwen3",
-    "vocab_size": 300,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 1024,
-}
+MODEL = tiny_model(vocab_size=300, head_dim=16, max_position_embeddings=1024)
 ENGINE = dict(
     block_size=8, num_kv_blocks=256, max_num_batched_tokens=64, max_num_seqs=8, model_id="tiny"
 )

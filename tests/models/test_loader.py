@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("safetensors")
 from safetensors.torch import load_file, save_file  # noqa: E402
+from tiny_model import TINY_LAYERS  # noqa: E402
 
 from pearl.errors import CheckpointError, ConfigError  # noqa: E402
 from pearl.models.config import SUPPORTED_MODEL_TYPES, ModelConfig  # noqa: E402
@@ -17,14 +18,7 @@ from pearl.models.loader import build_model, load_model, load_state_dict, save_m
 
 torch.set_num_threads(1)
 
-BASE = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+BASE = {"vocab_size": 96, **TINY_LAYERS}
 
 
 def make_cfg(model_type: str = "qwen3", **extra) -> ModelConfig:

@@ -22,6 +22,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from tiny_model import TINY_LAYERS  # noqa: E402
+
 from pearl.engine.config import EngineConfig  # noqa: E402
 from pearl.engine.engine import LLMEngine  # noqa: E402
 from pearl.engine.sequence import Request, SamplingParams  # noqa: E402
@@ -40,11 +42,7 @@ NEW_TOKENS = 64
 
 COMMON = dict(
     vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA
+    **TINY_LAYERS,  # GQA
     max_position_embeddings=512,
     rms_norm_eps=1e-6,
     bos_token_id=None,

@@ -1,0 +1,122 @@
+"""The import rules of docs/architecture.md: dependencies point down, the control plane is
+pure, the simulated world imports neither torch nor the reports, programs sit on top."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pearl"
+
+# Which of PEARL's packages each package may import (besides itself). Every import counts,
+# function-level ones too. ``apps`` and ``cli`` are the programs: nothing else imports them.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "models": {"errors"},
+    "engine": {"models", "errors"},
+    "workloads": {"errors"},
+    "envs": {"errors"},
+    "control": {"workloads", "errors"},
+    "engine_turns": {"control", "engine"},
+    "sim": {"control", "engine", "engine_turns", "models", "workloads", "errors"},
+    "live": {"control", "engine", "engine_turns", "envs", "models", "workloads", "errors"},
+    "config": {"control", "workloads", "errors"},
+    "report": {"control", "errors"},
+    "apps": {
+        "config",
+        "control",
+        "engine",
+        "engine_turns",
+        "envs",
+        "errors",
+        "live",
+        "models",
+        "report",
+        "sim",
+        "workloads",
+    },
+    "cli": {"apps", "config", "control", "errors", "models", "report", "workloads"},
+}
+
+
+def _package(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return parts[0] if parts[0] != "__init__" else ""
+
+
+def _pearl_imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module == "pearl":  # from pearl import x
+                names = [f"pearl.{a.name}" for a in node.names]
+        out += [(node.lineno, n) for n in names if n.startswith("pearl.")]
+    return out
+
+
+def _violations() -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        package = _package(path)
+        if not package:
+            continue
+        assert package in ALLOWED, f"{path}: package {package!r} has no import rule here"
+        for line, name in _pearl_imports(path):
+            target = name.split(".")[1]
+            if target != package and target != "__version__" and target not in ALLOWED[package]:
+                found.append(f"{path.relative_to(SRC.parent)}:{line}: {package} imports {name}")
+    return found
+
+
+def test_every_import_points_down_the_layers():
+    assert _violations() == []
+
+
+def test_the_rule_check_catches_an_upward_import(tmp_path, monkeypatch):
+    """The scan sees function-level imports: a control module importing the simulator."""
+    fake = tmp_path / "pearl"
+    (fake / "control").mkdir(parents=True)
+    (fake / "control" / "bad.py").write_text(
+        "def f():\n    from pearl.sim.worker import SimulatedWorker\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert _violations() == ["pearl/control/bad.py:2: control imports pearl.sim.worker"]
+
+
+@pytest.mark.parametrize(
+    ("packages", "forbidden"),
+    [
+        (
+            ("sim", "control", "workloads"),
+            ("torch", "ray", "matplotlib", "pearl.report", "pearl.live", "pearl.apps"),
+        ),
+        (("control",), ("pearl.engine", "pearl.sim", "pearl.live", "torch", "ray")),
+    ],
+)
+def test_importing_a_layer_loads_nothing_above_it(packages, forbidden):
+    """Import every module of the simulated world (and separately the control plane) in a
+    fresh interpreter: torch, Ray, the reports, the live world and the programs stay out."""
+    modules = [
+        ".".join(("pearl",) + p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        for package in packages
+        for p in sorted((SRC / package).rglob("*.py"))
+    ]
+    script = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(__import__("json").loads(out))
+    bad = sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden))
+    assert bad == []
