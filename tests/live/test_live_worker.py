@@ -48,6 +48,14 @@ def reference_tokens():
     return outs
 
 
+def test_our_engine_server_fills_the_whole_rollout_engine_interface():
+    from pearl.control.rollout_engine import Capability, RolloutEngine
+
+    server = EngineServer("w0", ModelSpec(config=MODEL), EngineConfig(**ENGINE))
+    assert isinstance(server, RolloutEngine)
+    assert all(server.capabilities.has(c) for c in Capability)
+
+
 def test_engine_server_serves_turns_between_iterations():
     async def main():
         server = EngineServer("w0", ModelSpec(config=MODEL), EngineConfig(**ENGINE))
