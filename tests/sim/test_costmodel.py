@@ -247,7 +247,11 @@ def test_worker_latencies_reproduce_measurements_and_scale_with_weight_bytes():
     assert big.prepare_s > moe.prepare_s and big.finalize_s > moe.finalize_s
     # Activation got slightly faster between the two measurements; it never extrapolates down.
     assert big.activate_s == pytest.approx(moe.activate_s)
-    tiny = WorkerLatencies.for_model(dataclasses.replace(QWEN8, num_hidden_layers=1))
+    tiny = WorkerLatencies.for_model(
+        dataclasses.replace(
+            QWEN8, architecture=dataclasses.replace(QWEN8.architecture, num_hidden_layers=1)
+        )
+    )
     assert 0 <= tiny.prepare_s < MEASURED_LATENCIES["Qwen3-8B"].prepare_s
 
 

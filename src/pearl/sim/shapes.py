@@ -24,71 +24,31 @@ BF16_BYTES = 2
 
 @dataclass(slots=True, frozen=True)
 class ModelShape:
-    """A decoder-only transformer's shape, named as in Hugging Face configs."""
+    """What the cost model needs of a decoder: its parsed architecture (``ModelConfig``,
+    whose fields read through: ``shape.hidden_size``), a name, the bytes per weight and per
+    KV value, and the parameter and byte counts derived from them."""
 
     name: str
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    """Dense MLP width (unused when every layer is MoE)."""
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    num_experts: int = 0
-    """Routed experts per MoE layer; 0 means a dense model."""
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    decoder_sparse_step: int = 1
-    """Layer i is MoE when (i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers."""
-    mlp_only_layers: tuple[int, ...] = ()
-    shared_expert_intermediate_size: int = 0
-    """Width of an always-active shared expert (Qwen2-MoE style); 0 when absent."""
-    attention_bias: bool = False
-    qk_norm: bool = False
+    architecture: ModelConfig
+    """The parsed config.json (``pearl.models.config``): every architecture field of the
+    shape (``hidden_size``, ``num_experts``, ...) is read from it."""
     dtype_bytes: int = BF16_BYTES
     """Bytes per weight value (2 for bf16; 4 for the float32 CPU engine)."""
     kv_dtype_bytes: int = BF16_BYTES
     """Bytes per cached key/value element."""
-    max_position_embeddings: int | None = None
-    """The model's own context limit (config.json); None when the config does not say."""
+
+    def __getattr__(self, field: str) -> Any:
+        if field.startswith("__") or field == "architecture":  # unpickling, copying
+            raise AttributeError(field)
+        return getattr(self.architecture, field)
 
     def __post_init__(self) -> None:
-        for key in (
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "vocab_size",
-            "decoder_sparse_step",
-            "dtype_bytes",
-            "kv_dtype_bytes",
-        ):
+        for key in ("dtype_bytes", "kv_dtype_bytes"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(
                     f"model {self.name!r}: field {key!r} must be a positive integer, got {value!r}"
                 )
-        for key in (
-            "intermediate_size",
-            "num_experts",
-            "num_experts_per_tok",
-            "moe_intermediate_size",
-            "shared_expert_intermediate_size",
-        ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(
-                    f"model {self.name!r}: field {key!r} must be a non-negative integer, "
-                    f"got {value!r}"
-                )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"model {self.name!r}: num_key_value_heads {self.num_key_value_heads} must "
-                f"divide num_attention_heads {self.num_attention_heads}"
-            )
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ConfigError(
@@ -271,26 +231,10 @@ class ModelShape:
         """The shape of a parsed model config (weights and KV in ``dtype_bytes`` per value)."""
         try:
             return cls(
-                name=name or config.name or config.model_type or "model",
-                hidden_size=config.hidden_size,
-                num_hidden_layers=config.num_hidden_layers,
-                num_attention_heads=config.num_attention_heads,
-                num_key_value_heads=config.num_key_value_heads,
-                head_dim=config.head_dim,
-                intermediate_size=config.intermediate_size,
-                vocab_size=config.vocab_size,
-                tie_word_embeddings=config.tie_word_embeddings,
-                num_experts=config.num_experts,
-                num_experts_per_tok=config.num_experts_per_tok,
-                moe_intermediate_size=config.moe_intermediate_size,
-                decoder_sparse_step=config.decoder_sparse_step,
-                mlp_only_layers=config.mlp_only_layers,
-                shared_expert_intermediate_size=config.shared_expert_intermediate_size,
-                attention_bias=config.attention_bias,
-                qk_norm=config.qk_norm,
-                dtype_bytes=dtype_bytes,
-                kv_dtype_bytes=dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes,
-                max_position_embeddings=config.max_position_embeddings,
+                name or config.name or config.model_type or "model",
+                config,
+                dtype_bytes,
+                dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes,
             )
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from exc

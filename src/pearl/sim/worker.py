@@ -215,10 +215,7 @@ class SimulatedWorker:
             return [o for s in seqs if (o := self.scheduler.abort(s.request_id)) is not None]
 
         outputs = await self._command(apply)
-        for out in outputs:
-            fut = self._futures.pop(out.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(out)
+        self._finish(outputs)
         return [self._turn_output(o, 0.0) for o in outputs]
 
     async def release_device(self) -> None:
@@ -239,10 +236,7 @@ class SimulatedWorker:
             return outs
 
         outputs = await self._command(apply)
-        for out in outputs:
-            fut = self._futures.pop(out.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(out)
+        self._finish(outputs)
         return [self._turn_output(o, 0.0) for o in outputs]
 
     async def sync_weights(self, version: int, seconds: float) -> None:

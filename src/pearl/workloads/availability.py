@@ -33,6 +33,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pearl.errors import ConfigError, TraceFormatError, WorkloadError
+from pearl.workloads.text_files import read_trace_text
 
 __all__ = [
     "SEGMENTS",
@@ -334,12 +335,9 @@ def load_availability(
     if str(source) in SEGMENTS and not Path(source).is_file():
         return load_segment(str(source))
     path = Path(source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
+    text = read_trace_text(
+        path, f"expected a shipped segment ({', '.join(SEGMENTS)}) or a CSV file"
+    )
     return parse_availability(text, str(path), time_unit)
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pearl.errors import TraceFormatError, WorkloadError
 from pearl.workloads.batch import RolloutBatch, StopReason, TaskGroup, Trajectory, Turn
+from pearl.workloads.text_files import read_trace_text
 
 __all__ = [
     "TRACE_FORMAT",
@@ -168,17 +169,7 @@ def load_rollout_trace(path: str | Path, max_model_len: int | None = None) -> Ro
     """Read and validate a JSONL rollout trace; raises TraceFormatError with file:line: field
     (also for a trajectory that reaches ``max_model_len`` tokens, which no engine runs)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
-    except OSError as exc:  # missing, a directory, unreadable
-        raise TraceFormatError(
-            f"{path}: cannot read the trace ({exc.strerror or exc}); workload.trace must name "
-            f"a JSONL rollout trace file"
-        ) from None
+    text = read_trace_text(path, "workload.trace must name a JSONL rollout trace file")
     return loads_rollout_trace(text, source=str(path), max_model_len=max_model_len)
 
 
