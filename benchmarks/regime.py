@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from pearl.apps.paper.regime import RegimeSetting, measure
-from pearl.apps.simulate import build_cost_model, engine_config
 from pearl.config import load_simulate_config
+from pearl.sim.build import build_cost_model, engine_config
 from pearl.workloads.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "envs": {"errors"},
     "control": {"workloads", "errors"},
     "engine_turns": {"control", "engine"},
-    "sim": {"control", "engine", "engine_turns", "models", "workloads", "errors"},
+    "sim": {"config", "control", "engine", "engine_turns", "models", "workloads", "errors"},
     "live": {"control", "engine", "engine_turns", "envs", "models", "workloads", "errors"},
     "config": {"control", "workloads", "errors"},
     "report": {"control", "errors"},

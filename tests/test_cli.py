@@ -319,7 +319,7 @@ def test_long_runs_report_progress_and_quiet_leaves_only_the_results(tmp_path):
 
 
 def test_throughput_table_uses_the_papers_names_and_enough_decimals():
-    from pearl.apps.experiment import throughput_table
+    from pearl.report.tables import throughput_table
 
     runs = [
         {"policy": p, "segment": "s1", "throughput": t, "steps": 12}

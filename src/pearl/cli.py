@@ -6,8 +6,12 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from pearl.apps.calibrate import FitReport
 
 app = typer.Typer(
     help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL. "
@@ -245,6 +249,78 @@ def models_get(name: str = typer.Argument(..., help="catalog name, e.g. smollm2-
         raise typer.Exit(code=2) from None
 
 
+def _calibrate_case_indices(calibration: str, fidelity: bool, model: str, cases: str) -> list[int]:
+    """Check ``pearl calibrate``'s options before any work; return the chosen fidelity case
+    indices, or echo the error and exit with code 2."""
+    from pearl.apps import fidelity as fid
+
+    if calibration not in fid.CALIBRATIONS:
+        typer.echo(
+            f"error: --calibration {calibration!r} is not one of {', '.join(fid.CALIBRATIONS)}",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    if fidelity and model != "qwen3-16m":
+        typer.echo(
+            "fidelity runs use the built-in qwen3-16m model; calibrate that model for them "
+            "(or pass --no-fidelity)",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    n = len(fid.DEFAULT_CASES)  # checked before the calibration spends minutes
+    try:
+        indices = list(range(n)) if cases == "all" else [int(i) for i in cases.split(",")]
+        if not indices or any(not 0 <= i < n for i in indices):
+            raise ValueError
+    except ValueError:
+        typer.echo(
+            f"error: --cases {cases!r}: use all, or a comma list of indices 0-{n - 1}", err=True
+        )
+        raise typer.Exit(code=2) from None
+    return indices
+
+
+def _run_fidelity(
+    indices: list[int],
+    calibration: str,
+    live_repeats: int,
+    out: str,
+    report: FitReport,
+    results: str,
+) -> None:
+    """Run the fidelity cases ``indices``, print the median makespan error and write the
+    table (with the profile path ``out`` and its fit ``report``) to ``results``."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from pearl.apps import fidelity as fid
+
+    chosen = [fid.DEFAULT_CASES[i] for i in indices]
+    # Fidelity refits inside a live worker process (wall clock, as deployed) and measures the
+    # per-turn overhead outside the engine; the in-process profile above is for users' runs.
+    rows = [
+        r.row()
+        for r in fid.compare(None, chosen, calibration=calibration, live_repeats=live_repeats)
+    ]
+    errors = [abs(r["makespan_error"]) for r in rows]
+    print(
+        f"median |makespan error| over {len(rows)} cases: {100 * statistics.median(errors):.1f}% (target 10%)"
+    )
+    Path(results).parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "profile": out,
+        "fit": report.to_dict(),
+        "calibration": calibration,
+        "cases": rows,
+        "live_repeats": live_repeats,
+        "median_abs_makespan_error": statistics.median(errors),
+        "median_abs_turn_error": statistics.median(r["median_abs_turn_error"] for r in rows),
+    }
+    Path(results).write_text(json.dumps(payload, indent=2))
+    print(f"wrote {results}")
+
+
 @app.command()
 def calibrate(
     model: str = typer.Option(
@@ -271,37 +347,10 @@ def calibrate(
     ),
 ) -> None:
     """Fit the cost model to this machine's engine; measure the simulator against live runs."""
-    import json
-    import statistics
-    from pathlib import Path
-
-    from pearl.apps import fidelity as fid
+    indices = _calibrate_case_indices(calibration, fidelity, model, cases)
     from pearl.apps.calibrate import run_calibrate
     from pearl.errors import PearlError
 
-    if calibration not in fid.CALIBRATIONS:
-        typer.echo(
-            f"error: --calibration {calibration!r} is not one of {', '.join(fid.CALIBRATIONS)}",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    if fidelity and model != "qwen3-16m":
-        typer.echo(
-            "fidelity runs use the built-in qwen3-16m model; calibrate that model for them "
-            "(or pass --no-fidelity)",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    n = len(fid.DEFAULT_CASES)  # checked before the calibration spends minutes
-    try:
-        indices = list(range(n)) if cases == "all" else [int(i) for i in cases.split(",")]
-        if not indices or any(not 0 <= i < n for i in indices):
-            raise ValueError
-    except ValueError:
-        typer.echo(
-            f"error: --cases {cases!r}: use all, or a comma list of indices 0-{n - 1}", err=True
-        )
-        raise typer.Exit(code=2) from None
     log = logging.getLogger("pearl.calibrate").info
     log(f"calibrate: profile {model} on the {grid!r} grid, then fit the cost model")
     try:
@@ -311,29 +360,7 @@ def calibrate(
         raise typer.Exit(code=2) from None
     if not fidelity:
         return
-    chosen = [fid.DEFAULT_CASES[i] for i in indices]
-    # Fidelity refits inside a live worker process (wall clock, as deployed) and measures the
-    # per-turn overhead outside the engine; the in-process profile above is for users' runs.
-    rows = [
-        r.row()
-        for r in fid.compare(None, chosen, calibration=calibration, live_repeats=live_repeats)
-    ]
-    errors = [abs(r["makespan_error"]) for r in rows]
-    print(
-        f"median |makespan error| over {len(rows)} cases: {100 * statistics.median(errors):.1f}% (target 10%)"
-    )
-    Path(results).parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "profile": out,
-        "fit": report.to_dict(),
-        "calibration": calibration,
-        "cases": rows,
-        "live_repeats": live_repeats,
-        "median_abs_makespan_error": statistics.median(errors),
-        "median_abs_turn_error": statistics.median(r["median_abs_turn_error"] for r in rows),
-    }
-    Path(results).write_text(json.dumps(payload, indent=2))
-    print(f"wrote {results}")
+    _run_fidelity(indices, calibration, live_repeats, out, report, results)
 
 
 @app.command()

@@ -448,7 +448,7 @@ def test_forced_disaggregation_and_borrowing_on_a_fixed_pool():
 
 
 def test_topology_labels_of_the_role_timeline():
-    from pearl.apps.experiment import topology_at
+    from pearl.report.tables import topology_at
 
     timeline = [
         {"t": 0.0, "dedicated_colocated": 4},

@@ -264,6 +264,115 @@ def _tighten(rates: FittedRates, works: list[IterationWork]) -> tuple[FittedRate
     return rates, tuple(loose)
 
 
+def _least_squares() -> Callable[..., Any]:
+    """scipy's ``least_squares``; ImportError naming the extra to install without scipy."""
+    try:
+        from scipy.optimize import least_squares
+    except ImportError as exc:
+        raise ImportError(
+            "fit_profile needs scipy: pip install 'pearl-rollout[live]' (or scipy>=1.11)"
+        ) from exc
+    return least_squares
+
+
+def _measured_seconds(samples: list[Sample], clock: Clock) -> list[float]:
+    """The samples' seconds on ``clock``; ConfigError with fewer samples than fitted
+    parameters or a time that is not a positive finite number."""
+    if len(samples) < len(dataclasses.fields(FittedRates)):
+        raise ConfigError(
+            f"fit_profile needs at least {len(dataclasses.fields(FittedRates))} samples "
+            f"(one per fitted parameter), got {len(samples)}"
+        )
+    check_clock(clock)
+    measured = [s.time(clock) for s in samples]
+    for i, t in enumerate(measured):
+        if not (t > 0 and math.isfinite(t)):
+            raise ConfigError(f"sample {i} has {clock} seconds={t!r}; must be a positive number")
+    return measured
+
+
+def _multistart_fit(
+    least_squares: Callable[..., Any],
+    residuals: Callable[[np.ndarray], np.ndarray],
+    measured: list[float],
+    works: list[IterationWork],
+) -> FittedRates:
+    """The rates minimizing the soft-L1 loss of ``residuals`` (of the log-parameters), best
+    of the bounded fits from every :func:`_initial_guesses` start."""
+    # Overheads may fit to ~0; bounds keep their logs finite (1 ns is zero for all purposes).
+    # Rates stop well above any device (1e16 FLOP/s, 1e14 B/s); _tighten lowers loose ones.
+    lower = np.log([1e6, 1e6, 1e6, 1e6, 1e-9, 1e-9, 1e-9])
+    upper = np.log([1e16, 1e16, 1e14, 1e14, 10.0, 10.0, 10.0])
+    best = None
+    for x0 in _initial_guesses(measured, works):
+        result = least_squares(
+            residuals,
+            np.clip(x0, lower + 1e-6, upper - 1e-6),
+            bounds=(lower, upper),
+            loss="soft_l1",
+            f_scale=0.05,  # residuals beyond ~5% (noisy repeats) count linearly, not squared
+            x_scale=1.0,
+            max_nfev=2000,
+        )
+        if best is None or result.cost < best.cost:
+            best = result
+    return FittedRates.from_log(best.x)
+
+
+def _fit_report(
+    samples: list[Sample],
+    relative: list[float],
+    rates: FittedRates,
+    fit_seconds: float,
+    lower_bounds: tuple[str, ...],
+    clock: Clock,
+    level: float,
+) -> FitReport:
+    """The fit's report: error stats per batch kind and overall from the per-sample
+    ``relative`` errors, and the samples' median busy fraction (None without CPU times)."""
+    by_kind: dict[str, list[float]] = {k.value: [] for k in BatchKind}
+    for s, e in zip(samples, relative, strict=True):
+        by_kind[s.kind.value].append(e)
+    errors = {k: ErrorStats.of(v) for k, v in by_kind.items()}
+    errors["all"] = ErrorStats.of(relative)
+    busy = [1.0 - s.cpu_seconds / s.seconds for s in samples if s.cpu_seconds is not None]
+    return FitReport(
+        rates,
+        errors,
+        tuple(relative),
+        fit_seconds,
+        lower_bounds,
+        clock,
+        float(np.median(busy)) if busy else None,
+        level=level,
+    )
+
+
+def _fitted_profile(
+    rates: FittedRates,
+    memory: float,
+    model: ModelShape,
+    report: FitReport,
+    samples: list[Sample],
+    meta: Mapping[str, Any] | None,
+) -> Profile:
+    """The ``cpu`` profile of ``rates`` with ``memory`` bytes; its meta holds ``meta``, the
+    model, the date, the fit report and the samples."""
+    return Profile(
+        gpu=rates.gpu(memory),
+        constants=rates.constants(),
+        dtype_bytes=model.dtype_bytes,
+        meta={
+            **dict(meta or {}),
+            "model": model.name,
+            "model_params": model.total_params,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "fit": report.to_dict(),
+            "samples": [s.to_dict() for s in samples],
+        },
+    )
+
+
 def fit_profile(
     samples: list[Sample],
     model: ModelShape,
@@ -285,22 +394,8 @@ def fit_profile(
     several starts. ``memory_bytes`` (default: this machine's RAM) becomes the spec's
     ``hbm_bytes``. The profile's ``meta`` holds ``meta``, the fit and the samples.
     """
-    try:
-        from scipy.optimize import least_squares
-    except ImportError as exc:
-        raise ImportError(
-            "fit_profile needs scipy: pip install 'pearl-rollout[live]' (or scipy>=1.11)"
-        ) from exc
-    if len(samples) < len(dataclasses.fields(FittedRates)):
-        raise ConfigError(
-            f"fit_profile needs at least {len(dataclasses.fields(FittedRates))} samples "
-            f"(one per fitted parameter), got {len(samples)}"
-        )
-    check_clock(clock)
-    measured = [s.time(clock) for s in samples]
-    for i, t in enumerate(measured):
-        if not (t > 0 and math.isfinite(t)):
-            raise ConfigError(f"sample {i} has {clock} seconds={t!r}; must be a positive number")
+    least_squares = _least_squares()
+    measured = _measured_seconds(samples, clock)
     memory = float(memory_bytes) if memory_bytes is not None else _physical_memory_bytes()
     started = time.perf_counter()
     # Work is hardware-independent: compute it once, price it per trial parameter set.
@@ -315,24 +410,9 @@ def fit_profile(
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(predict(FittedRates.from_log(x))) - log_measured
 
-    # Overheads may fit to ~0; bounds keep their logs finite (1 ns is zero for all purposes).
-    # Rates stop well above any device (1e16 FLOP/s, 1e14 B/s); _tighten lowers loose ones.
-    lower = np.log([1e6, 1e6, 1e6, 1e6, 1e-9, 1e-9, 1e-9])
-    upper = np.log([1e16, 1e16, 1e14, 1e14, 10.0, 10.0, 10.0])
-    best = None
-    for x0 in _initial_guesses(measured, works):
-        result = least_squares(
-            residuals,
-            np.clip(x0, lower + 1e-6, upper - 1e-6),
-            bounds=(lower, upper),
-            loss="soft_l1",
-            f_scale=0.05,  # residuals beyond ~5% (noisy repeats) count linearly, not squared
-            x_scale=1.0,
-            max_nfev=2000,
-        )
-        if best is None or result.cost < best.cost:
-            best = result
-    rates, lower_bounds = _tighten(FittedRates.from_log(best.x), works)
+    rates, lower_bounds = _tighten(
+        _multistart_fit(least_squares, residuals, measured, works), works
+    )
     level = 1.0
     if 0 < anchor < len(samples):
         level = float(np.median(np.exp(log_measured[anchor:]) / predict(rates)[anchor:]))
@@ -340,36 +420,8 @@ def fit_profile(
     fit_seconds = time.perf_counter() - started
 
     relative = (predict(rates) / np.exp(log_measured) - 1.0).tolist()
-    by_kind: dict[str, list[float]] = {k.value: [] for k in BatchKind}
-    for s, e in zip(samples, relative, strict=True):
-        by_kind[s.kind.value].append(e)
-    errors = {k: ErrorStats.of(v) for k, v in by_kind.items()}
-    errors["all"] = ErrorStats.of(relative)
-    busy = [1.0 - s.cpu_seconds / s.seconds for s in samples if s.cpu_seconds is not None]
-    report = FitReport(
-        rates,
-        errors,
-        tuple(relative),
-        fit_seconds,
-        lower_bounds,
-        clock,
-        float(np.median(busy)) if busy else None,
-        level=level,
-    )
-    profile = Profile(
-        gpu=rates.gpu(memory),
-        constants=rates.constants(),
-        dtype_bytes=model.dtype_bytes,
-        meta={
-            **dict(meta or {}),
-            "model": model.name,
-            "model_params": model.total_params,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "fit": report.to_dict(),
-            "samples": [s.to_dict() for s in samples],
-        },
-    )
-    return profile, report
+    report = _fit_report(samples, relative, rates, fit_seconds, lower_bounds, clock, level)
+    return _fitted_profile(rates, memory, model, report, samples, meta), report
 
 
 def samples_from_profile(profile: Profile) -> list[Sample]:

@@ -21,21 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.config import RLExperimentConfig, dump_config
-from pearl.control.decision import DecisionConfig
-from pearl.control.policies import PDMode, display_name, get_policy
+from pearl.control.policies import PDMode, get_policy
 from pearl.errors import ConfigError, RunStopped
 from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
 from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder
+from pearl.report.tables import steps_table, throughput_table, time_table
 from pearl.report.tensorboard import ScalarLog
-from pearl.sim.policy_run import RLRunResult, RLSetting, run_policy
+from pearl.sim.build import build_setting
+from pearl.sim.policy_run import RLRunResult, run_policy
 from pearl.workloads.availability import (
     SEGMENTS,
     AvailabilityTrace,
     load_availability,
 )
-from pearl.workloads.profiles import get_profile
 
 logger = logging.getLogger(__name__)
 
@@ -79,44 +79,6 @@ def segment_warnings(cfg: RLExperimentConfig) -> list[str]:
     ]
 
 
-def build_setting(cfg: RLExperimentConfig) -> RLSetting:
-    from pearl.apps.simulate import build_cost_model, check_fits, engine_config
-
-    profile = get_profile(cfg.workload.profile)
-    if cfg.workload.num_tasks or cfg.workload.group_size:
-        from dataclasses import replace
-
-        profile = replace(
-            profile,
-            num_tasks=cfg.workload.num_tasks or profile.num_tasks,
-            group_size=cfg.workload.group_size or profile.group_size,
-        )
-    c = cfg.cluster
-    cost = build_cost_model(cfg)  # type: ignore[arg-type]
-    check_fits(
-        cost,
-        engine_config(cfg.sim),
-        profile.max_context_tokens,
-        f"workload {profile.name} (max_context_tokens)",
-    )
-    return RLSetting(
-        cost=cost,
-        profile=profile,
-        reserved_gpus=c.reserved_gpus,
-        max_preemptible_gpus=c.max_preemptible_gpus,
-        training_gpus=c.training_gpus,
-        duration_s=cfg.rl.duration_s,
-        max_staleness=cfg.rl.max_staleness,
-        overlap_batches=cfg.rl.overlap_batches,
-        seed=cfg.workload.seed,
-        engine=engine_config(cfg.sim),
-        decision=DecisionConfig(
-            mode_switch_threshold=cfg.pd.mode_switch_threshold,
-            ratio_change_threshold=cfg.pd.ratio_change_threshold,
-        ),
-    )
-
-
 def _run_one_job(args: tuple[dict, str, str]) -> dict:
     return run_one(*args)
 
@@ -158,6 +120,54 @@ class ExperimentOutcome:
     time_table: str = ""
 
 
+def _kept_name(policy: str, segment: str) -> str:
+    """A finished run's file in ``runs/`` (a segment may be a CSV path: kept flat)."""
+    flat = re.sub(r"[^A-Za-z0-9._-]+", "_", segment).strip("_")
+    return f"{policy}@{flat}.json"
+
+
+def _run_jobs(
+    cfg: RLExperimentConfig, jobs: list[tuple[str, str]], finished: Callable[[dict], None]
+) -> None:
+    """Run every (policy, segment) job, in this process or a pool; ``finished`` gets each
+    run's results the moment it ends."""
+    cfg_json = cfg.model_dump(mode="json")
+    if cfg.processes == 1:
+        for p, s in jobs:
+            finished(run_one(cfg_json, p, s))
+        return
+    ctx = multiprocessing.get_context("spawn")
+    # Longest runs first so the last process is not left alone with one: a fixed
+    # P:D split keeps every turn on the PD path (~2x the simulated events per turn).
+    order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
+    # A multiprocessing pool, not concurrent.futures: leaving the block on an error
+    # or Ctrl-C terminates the workers at once instead of waiting for their runs.
+    # One fresh process per run: a long run's memory (its steps' turn outputs) is
+    # returned to the system when it ends instead of piling up in a long-lived worker.
+    with ctx.Pool(min(cfg.processes, len(jobs)), maxtasksperchild=1) as pool:
+        args = [(cfg_json, p, s) for p, s in order]
+        for result in pool.imap_unordered(_run_one_job, args):
+            finished(result)
+
+
+def _record_runs(run: RunFolder, runs: list[dict]) -> None:
+    """Every run's steps to ``metrics.jsonl`` (and TensorBoard), its events, role timeline
+    and GPU budget to ``events.jsonl``, each tagged with its policy and segment."""
+    board = ScalarLog(run.path)
+    for r in runs:
+        tag = {"policy": r["policy"], "segment": r["segment"]}
+        for row in r["rows"]:
+            run.metric({**tag, **row})
+            board.scalars(f"{r['segment']}/{r['policy']}", row, row["step"])
+        for event in r["events"]:
+            run.event({**tag, **event})
+        for entry in r["timeline"]:
+            run.event({**tag, "kind": "roles", **entry})
+        for t, gpus in r["rollout_gpus"]:
+            run.event({**tag, "kind": "budget", "t": t, "rollout_gpus": gpus})
+    board.close()
+
+
 def run_experiment(
     cfg: RLExperimentConfig, log: Callable[[str], None] = logger.info
 ) -> ExperimentOutcome:
@@ -179,42 +189,30 @@ def run_experiment(
         f"{len(cfg.elastic.segments)} segments of {cfg.rl.duration_s:.0f} s"
     )
     jobs = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
-    cfg_json = cfg.model_dump(mode="json")
     results: dict[tuple[str, str], dict] = {}
 
     def finished(result: dict) -> None:
-        """Keep a finished run at once (``runs/<policy>@<segment>.json``): an interrupted
-        experiment loses only the runs still going."""
-        results[(result["policy"], result["segment"])] = result
-        bar.advance(_one_line(result))
+        """Keep a finished run at once (``runs/<policy>@<segment>.json``, written whole
+        before it counts as finished): an interrupted experiment loses only the runs still
+        going, and its summary lists exactly the runs kept."""
         done = run.path / "runs"
         done.mkdir(exist_ok=True)
-        # A segment may be a CSV path: keep the file name flat.
-        segment = re.sub(r"[^A-Za-z0-9._-]+", "_", result["segment"]).strip("_")
-        name = f"{result['policy']}@{segment}.json"
-        (done / name).write_text(json.dumps(result, sort_keys=True) + "\n")
+        path = done / _kept_name(result["policy"], result["segment"])
+        partial = path.with_suffix(".part")
+        partial.write_text(json.dumps(result, sort_keys=True) + "\n")
+        partial.replace(path)
+        results[(result["policy"], result["segment"])] = result
+        bar.advance(_one_line(result))
 
     log(f"{len(jobs)} runs in {min(cfg.processes, len(jobs))} processes; results in {run.path}")
     try:
         with _terminate_as_interrupt(), Progress(len(jobs), "simulated RL runs") as bar:
-            if cfg.processes == 1:
-                for p, s in jobs:
-                    finished(run_one(cfg_json, p, s))
-            else:
-                ctx = multiprocessing.get_context("spawn")
-                # Longest runs first so the last process is not left alone with one: a fixed
-                # P:D split keeps every turn on the PD path (~2x the simulated events per turn).
-                order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
-                # A multiprocessing pool, not concurrent.futures: leaving the block on an error
-                # or Ctrl-C terminates the workers at once instead of waiting for their runs.
-                # One fresh process per run: a long run's memory (its steps' turn outputs) is
-                # returned to the system when it ends instead of piling up in a long-lived worker.
-                with ctx.Pool(min(cfg.processes, len(jobs)), maxtasksperchild=1) as pool:
-                    args = [(cfg_json, p, s) for p, s in order]
-                    for result in pool.imap_unordered(_run_one_job, args):
-                        finished(result)
+            _run_jobs(cfg, jobs, finished)
     except KeyboardInterrupt:
-        keys = [f"{p}@{s}" for p, s in jobs if (p, s) in results]
+        kept = run.path / "runs"
+        for partial in kept.glob("*.part"):  # cut mid-write: not a finished run
+            partial.unlink()
+        keys = [f"{p}@{s}" for p, s in jobs if (kept / _kept_name(p, s)).is_file()]
         run.summary({"complete": False, "finished": keys, "runs": len(jobs)})
         run.close()
         raise RunStopped(
@@ -222,19 +220,7 @@ def run_experiment(
             f"{run.path / 'runs'}"
         ) from None
     runs = [results[j] for j in jobs]  # config order, whatever order they finished in
-    board = ScalarLog(run.path)
-    for r in runs:
-        tag = {"policy": r["policy"], "segment": r["segment"]}
-        for row in r["rows"]:
-            run.metric({**tag, **row})
-            board.scalars(f"{r['segment']}/{r['policy']}", row, row["step"])
-        for event in r["events"]:
-            run.event({**tag, **event})
-        for entry in r["timeline"]:
-            run.event({**tag, "kind": "roles", **entry})
-        for t, gpus in r["rollout_gpus"]:
-            run.event({**tag, "kind": "budget", "t": t, "rollout_gpus": gpus})
-    board.close()
+    _record_runs(run, runs)
     wall = time.perf_counter() - start
     run.summary(
         {
@@ -369,89 +355,3 @@ def report_sections(
         sections.append(Section(f"Availability trace: {segment}", figures=shown))
     sections.append(Section("Per step (PEARL family)", tables=[steps_table(runs)]))
     return sections
-
-
-def throughput_table(runs: list[dict], policies: list[str], segments: list[str]) -> str:
-    """Markdown: throughput per policy and segment (over the steps completed within the
-    window, counted), and ratios to ROLL and RLBoost+."""
-    by = {(r["policy"], r["segment"]): r["throughput"] for r in runs}
-    steps = {(r["policy"], r["segment"]): r["steps"] for r in runs}
-    head = "| policy | config name |"
-    rule = "|---|---|"
-    for s in segments:
-        head += f" {s} tok/s | steps | x ROLL | vs RLBoost+ |"
-        rule += "---:|---:|---:|---:|"
-    lines = [head, rule]
-    for p in policies:
-        line = f"| {display_name(p)} | {p} |"
-        for s in segments:
-            t = by[(p, s)]
-            roll, boost = by.get(("roll", s)), by.get(("rlboost", s))
-            x_roll = f"{t / roll:.3f}x" if roll else "-"
-            vs_boost = f"{100 * (t / boost - 1):+.2f}%" if boost else "-"
-            line += f" {t:.1f} | {steps[(p, s)]} | {x_roll} | {vs_boost} |"
-        lines.append(line)
-    return "\n".join(lines)
-
-
-TIME_COLUMNS = (
-    "prefill",
-    "decode",
-    "mixed",
-    "idle_env",
-    "idle_no_work",
-    "kv_transfer",
-    "reconfiguring",
-)
-
-
-def time_table(runs: list[dict]) -> str:
-    """Markdown: where the rollout workers' time went (share of active worker-seconds over
-    the counted steps) per policy and segment."""
-    head = "| policy | segment | " + " | ".join(TIME_COLUMNS) + " | worker-hours |"
-    lines = [head, "|---|---|" + "---:|" * (len(TIME_COLUMNS) + 1)]
-    for r in runs:
-        rows = [row for row in r["rows"] if row.get("counted", True)]
-        spent = {c: sum(row.get(f"time/{c}_s", 0.0) for row in rows) for c in TIME_COLUMNS}
-        total = sum(spent.values())
-        shares = " | ".join(
-            f"{100 * spent[c] / total:.1f}%" if total else "-" for c in TIME_COLUMNS
-        )
-        lines.append(
-            f"| {display_name(r['policy'])} | {r['segment']} | {shares} | {total / 3600:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def topology_at(timeline: list[dict], t: float) -> str:
-    """The roles in effect at time ``t`` as a label: ``8C``, ``3P5D``, ``+4o`` for borrowed."""
-    entry: dict = {}
-    for e in timeline:
-        if e["t"] > t:
-            break
-        entry = e
-    label = ""
-    for zone, suffix in (("dedicated", ""), ("overlap", "o")):
-        p, d, c = (entry.get(f"{zone}_{role}", 0) for role in ("prefill", "decode", "colocated"))
-        part = (f"{p}P" if p else "") + (f"{d}D" if d else "") + (f"{c}C" if c else "")
-        if part:
-            label += (" +" if label else "") + part + suffix
-    return label or "-"
-
-
-def steps_table(runs: list[dict]) -> str:
-    """Markdown: per step of the PEARL-family runs, the roles at the batch's start, the
-    rollout time and the number of role switches so far."""
-    lines = ["| policy | segment | step | roles at start | rollout s | step s | counted |"]
-    lines.append("|---|---|---:|---|---:|---:|:---:|")
-    for r in runs:
-        if not (r["policy"].startswith("pearl") or r["policy"] == "static-pd"):
-            continue
-        for row in r["rows"]:
-            label = topology_at(r["timeline"], row["rollout_started_s"])
-            lines.append(
-                f"| {r['policy']} | {r['segment']} | {row['step']} | {label} | "
-                f"{row['timing/rollout']:.0f} | {row['timing/step']:.0f} | "
-                f"{'yes' if row.get('counted', True) else 'no'} |"
-            )
-    return "\n".join(lines)

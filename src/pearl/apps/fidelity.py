@@ -440,6 +440,183 @@ def _fit_key(deployment: str) -> str:
     return Deployment.parse(deployment).label
 
 
+def _check_compare_args(cases, calibration: str, live_repeats: int) -> None:
+    """Raise ValueError for an unknown ``calibration``, ``live_repeats`` < 1, or a case that
+    uses the calibration seed."""
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}")
+    if live_repeats < 1:
+        raise ValueError(f"live_repeats must be >= 1, got {live_repeats}")
+    if any(c.seed == CALIBRATION_SEED for c in cases):
+        raise ValueError(f"fidelity cases must not use the calibration seed {CALIBRATION_SEED}")
+
+
+def _grid_profiles(
+    profile: Profile | None,
+    model,
+    engine: EngineConfig,
+    kinds: list[str],
+    calibration: str,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Profile], float, float, list]:
+    """The fits before any in-situ one (``1C``, plus ``nC`` per size with ``grid-load``), the
+    idle per-turn overhead and call cost, and the grid samples (0, 0, [] given ``profile``)."""
+    profiles: dict[str, Profile] = {}
+    overhead = rpc = 0.0
+    grid_samples: list = []
+    if profile is None:
+        log("fidelity phase 1/3: fit the cost model inside a worker process")
+        fitted, report, (overhead, rpc), grid_samples = calibrate_in_worker(model, engine)
+        profiles["1C"] = fitted
+        log("fit from the grid inside one worker process (wall clock):")
+        log(report.table())
+        if calibration == "grid-load":
+            for kind in kinds:
+                n = Deployment.parse(kind).num_workers
+                if n == 1 or f"{n}C" in profiles:
+                    continue
+                profiles[f"{n}C"], report, _, _ = calibrate_in_worker(model, engine, concurrent=n)
+                log(f"fit from the grid timed in {n} workers at once (wall clock):")
+                log(report.table())
+    else:
+        profiles["1C"] = profile
+    return profiles, overhead, rpc, grid_samples
+
+
+def _run_cases_live(
+    cases,
+    model,
+    engine: EngineConfig,
+    vocab: int,
+    live_repeats: int,
+    in_situ: bool,
+    log: Callable[[str], None],
+) -> tuple[list[list], dict[str, HeldOut]]:
+    """Each case's ``live_repeats`` live runs, in case order, and (``in_situ``) the held-out
+    runs that followed each case, keyed by :func:`_in_situ_key`."""
+    lives_of: list[list] = []
+    held_out: dict[str, HeldOut] = {}
+    log(f"fidelity phase 2/3: {len(cases)} cases live, {live_repeats} runs each")
+    with Progress(len(cases), "fidelity cases run live", logger=__name__) as bar:
+        for case in cases:
+            t0 = time.perf_counter()
+            lives_of.append(
+                [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
+            )
+            if in_situ:
+                key = _in_situ_key(case)
+                kind = _fit_key(case.deployment)
+                held_out.setdefault(key, HeldOut()).extend(
+                    held_out_samples(model, engine, vocab, kind, case.workload)
+                )
+            bar.advance(
+                f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)"
+            )
+    return lives_of, held_out
+
+
+def _fit_held_out(
+    held_out: dict[str, HeldOut],
+    grid_samples: list,
+    profiles: dict[str, Profile],
+    overhead: float,
+    rpc: float,
+    log: Callable[[str], None],
+) -> dict[str, tuple[float, float]]:
+    """Add each held-out key's in-situ fit to ``profiles`` (in place), logging it; return each
+    key's (per-turn-call overhead, other call cost) under load."""
+    overheads: dict[str, tuple[float, float]] = {}
+    for kind, measured in sorted(held_out.items()):
+        profiles[kind], report = fit_in_situ(measured.samples, grid_samples)
+        overheads[kind] = measured.load_overheads(overhead, rpc)
+        log(f"fit from held-out live runs on {kind} plus the grid (wall clock):")
+        log(report.table())
+        log(
+            f"  under load: per-turn-call overhead {overheads[kind][0] * 1e3:.2f} ms, other "
+            f"calls {overheads[kind][1] * 1e3:.2f} ms"
+        )
+    return overheads
+
+
+def _sim_costs(
+    profiles: dict[str, Profile], bandwidth: float, model_config: dict[str, Any]
+) -> dict[str, CostModel]:
+    """Each fit's cost model for ``model_config``, with the measured actor-to-actor
+    ``bandwidth`` as both its NVLink and network bandwidth."""
+    costs = {}
+    for kind, fitted in profiles.items():
+        gpu = dataclasses.replace(
+            fitted.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
+        )
+        costs[kind] = sim_cost(dataclasses.replace(fitted, gpu=gpu), model_config)
+    return costs
+
+
+def _turn_errors(sim: BatchResult, lives: list) -> tuple[list[float], list[float], list[float]]:
+    """Per simulated turn: relative latency error against the live repeats' mean, the live
+    mean and the simulated latency (asserts both saw the same turns)."""
+    sim_turns = {(t.session_id, k): o for t in sim.trajectories for k, o in enumerate(t.turns)}
+    live_latency: dict[tuple[str, int], list[float]] = {}
+    for live, _ in lives:
+        turns = {(t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)}
+        assert turns.keys() == sim_turns.keys(), "live and simulated runs saw different turns"
+        for key, o in turns.items():
+            live_latency.setdefault(key, []).append(
+                o.telemetry.finished_at - o.telemetry.submitted_at
+            )
+    errors = []
+    lat_live, lat_sim = [], []
+    for key, so in sim_turns.items():
+        a = statistics.fmean(live_latency[key])
+        b = so.telemetry.finished_at - so.telemetry.submitted_at
+        lat_live.append(a)
+        lat_sim.append(b)
+        errors.append((b - a) / a if a > 0 else 0.0)
+    return errors, lat_live, lat_sim
+
+
+def _compare_case(
+    case: FidelityCase,
+    lives: list,
+    costs: dict[str, CostModel],
+    overheads: tuple[float, float],
+    engine: EngineConfig,
+    vocab: int,
+    latency: float,
+    log: Callable[[str], None],
+) -> CaseResult:
+    """Simulate ``case`` once with its fit's cost model and ``overheads`` (per-turn call,
+    other calls), compare with its live runs ``lives`` and log the comparison."""
+    kind = _fit_key(case.deployment)
+    n = Deployment.parse(kind).num_workers
+    cost = costs.get(_in_situ_key(case)) or costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
+    iterations = [it for _, log_ in lives for it in log_]
+    check = iteration_check(cost, iterations)
+    case_overhead, case_rpc = overheads
+    sim = run_sim_case(case, cost, engine, vocab, latency, case_overhead, case_rpc)
+    errors, lat_live, lat_sim = _turn_errors(sim, lives)
+    result = CaseResult(
+        case,
+        [live.makespan_s for live, _ in lives],
+        sim.makespan_s,
+        errors,
+        statistics.fmean(lat_live),
+        statistics.fmean(lat_sim),
+    )
+    row = result.row()
+    log(
+        f"{case.name:32s} live {row['live_makespan_s']:7.2f}s "
+        f"(x{len(lives)}, spread {100 * row['live_spread']:.0f}%)  sim {row['sim_makespan_s']:7.2f}s  "
+        f"makespan err {100 * row['makespan_error']:+6.1f}%  median |turn err| "
+        f"{100 * row['median_abs_turn_error']:5.1f}%"
+    )
+    log(
+        f"{'':32s} live iterations: {len(iterations)}, {check['busy_s']:.2f} s busy, "
+        f"{check['time_ratio']:.2f}x the profile's prediction (median {check['median_ratio']:.2f}x)"
+    )
+    return result
+
+
 def compare(
     profile: Profile | None,
     cases=DEFAULT_CASES,
@@ -464,36 +641,15 @@ def compare(
     from pearl.live.server import ModelSpec
     from pearl.live.worker import ensure_ray
 
-    if calibration not in CALIBRATIONS:
-        raise ValueError(f"calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}")
-    if live_repeats < 1:
-        raise ValueError(f"live_repeats must be >= 1, got {live_repeats}")
-    if any(c.seed == CALIBRATION_SEED for c in cases):
-        raise ValueError(f"fidelity cases must not use the calibration seed {CALIBRATION_SEED}")
+    _check_compare_args(cases, calibration, live_repeats)
     ensure_ray(2)
     model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
     # One fit per deployment the cases use, keyed by its label with colocated ones as "nC".
     kinds = sorted({_fit_key(c.deployment) for c in cases})
-    profiles: dict[str, Profile] = {}
-    overhead = rpc = 0.0
-    grid_samples: list = []
-    if profile is None:
-        log("fidelity phase 1/3: fit the cost model inside a worker process")
-        fitted, report, (overhead, rpc), grid_samples = calibrate_in_worker(model, engine)
-        profiles["1C"] = fitted
-        log("fit from the grid inside one worker process (wall clock):")
-        log(report.table())
-        if calibration == "grid-load":
-            for kind in kinds:
-                n = Deployment.parse(kind).num_workers
-                if n == 1 or f"{n}C" in profiles:
-                    continue
-                profiles[f"{n}C"], report, _, _ = calibrate_in_worker(model, engine, concurrent=n)
-                log(f"fit from the grid timed in {n} workers at once (wall clock):")
-                log(report.table())
-    else:
-        profiles["1C"] = profile
+    profiles, overhead, rpc, grid_samples = _grid_profiles(
+        profile, model, engine, kinds, calibration, log
+    )
     in_situ = profile is None and calibration == "in-situ"
     log(
         f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker calls "
@@ -503,87 +659,16 @@ def compare(
     log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
 
     # Live: every case's repeats, each followed (in-situ) by a held-out pass on its deployment.
-    lives_of: list[list] = []
-    held_out: dict[str, HeldOut] = {}
-    log(f"fidelity phase 2/3: {len(cases)} cases live, {live_repeats} runs each")
-    with Progress(len(cases), "fidelity cases run live", logger=__name__) as bar:
-        for case in cases:
-            t0 = time.perf_counter()
-            lives_of.append(
-                [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
-            )
-            if in_situ:
-                key = _in_situ_key(case)
-                kind = _fit_key(case.deployment)
-                held_out.setdefault(key, HeldOut()).extend(
-                    held_out_samples(model, engine, vocab, kind, case.workload)
-                )
-            bar.advance(
-                f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)"
-            )
+    lives_of, held_out = _run_cases_live(cases, model, engine, vocab, live_repeats, in_situ, log)
     log("fidelity phase 3/3: fit per deployment, then simulate each case")
-    overheads: dict[str, tuple[float, float]] = {}
-    for kind, measured in sorted(held_out.items()):
-        profiles[kind], report = fit_in_situ(measured.samples, grid_samples)
-        overheads[kind] = measured.load_overheads(overhead, rpc)
-        log(f"fit from held-out live runs on {kind} plus the grid (wall clock):")
-        log(report.table())
-        log(
-            f"  under load: per-turn-call overhead {overheads[kind][0] * 1e3:.2f} ms, other "
-            f"calls {overheads[kind][1] * 1e3:.2f} ms"
-        )
-    costs = {}
-    for kind, fitted in profiles.items():
-        gpu = dataclasses.replace(
-            fitted.gpu, nvlink_bandwidth_Bps=bandwidth, network_bandwidth_Bps=bandwidth
-        )
-        costs[kind] = sim_cost(dataclasses.replace(fitted, gpu=gpu), model_config)
+    overheads = _fit_held_out(held_out, grid_samples, profiles, overhead, rpc, log)
+    costs = _sim_costs(profiles, bandwidth, model_config)
 
     # Simulated: each case once, with its deployment's fit; compared with the live mean.
     results = []
     for case, lives in zip(cases, lives_of, strict=True):
-        kind = _fit_key(case.deployment)
-        n = Deployment.parse(kind).num_workers
-        cost = costs.get(_in_situ_key(case)) or costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
-        iterations = [it for _, log_ in lives for it in log_]
-        check = iteration_check(cost, iterations)
-        case_overhead, case_rpc = overheads.get(_in_situ_key(case), (overhead, rpc))
-        sim = run_sim_case(case, cost, engine, vocab, latency, case_overhead, case_rpc)
-        sim_turns = {(t.session_id, k): o for t in sim.trajectories for k, o in enumerate(t.turns)}
-        live_latency: dict[tuple[str, int], list[float]] = {}
-        for live, _ in lives:
-            turns = {(t.session_id, k): o for t in live.trajectories for k, o in enumerate(t.turns)}
-            assert turns.keys() == sim_turns.keys(), "live and simulated runs saw different turns"
-            for key, o in turns.items():
-                live_latency.setdefault(key, []).append(
-                    o.telemetry.finished_at - o.telemetry.submitted_at
-                )
-        errors = []
-        lat_live, lat_sim = [], []
-        for key, so in sim_turns.items():
-            a = statistics.fmean(live_latency[key])
-            b = so.telemetry.finished_at - so.telemetry.submitted_at
-            lat_live.append(a)
-            lat_sim.append(b)
-            errors.append((b - a) / a if a > 0 else 0.0)
-        result = CaseResult(
-            case,
-            [live.makespan_s for live, _ in lives],
-            sim.makespan_s,
-            errors,
-            statistics.fmean(lat_live),
-            statistics.fmean(lat_sim),
-        )
-        results.append(result)
-        row = result.row()
-        log(
-            f"{case.name:32s} live {row['live_makespan_s']:7.2f}s "
-            f"(x{len(lives)}, spread {100 * row['live_spread']:.0f}%)  sim {row['sim_makespan_s']:7.2f}s  "
-            f"makespan err {100 * row['makespan_error']:+6.1f}%  median |turn err| "
-            f"{100 * row['median_abs_turn_error']:5.1f}%"
-        )
-        log(
-            f"{'':32s} live iterations: {len(iterations)}, {check['busy_s']:.2f} s busy, "
-            f"{check['time_ratio']:.2f}x the profile's prediction (median {check['median_ratio']:.2f}x)"
+        case_overheads = overheads.get(_in_situ_key(case), (overhead, rpc))
+        results.append(
+            _compare_case(case, lives, costs, case_overheads, engine, vocab, latency, log)
         )
     return results

@@ -6,18 +6,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pearl.config import SimSection, SimulateConfig, dump_config
+from pearl.config import SimulateConfig, dump_config
 from pearl.control.deployment import Deployment
-from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder
-from pearl.sim.costmodel import CostConstants, CostModel
+from pearl.sim.build import build_batch, build_cost_model, check_fits, engine_config
 from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
-from pearl.sim.hardware import get_gpu
-from pearl.sim.shapes import load_model_shape
-from pearl.sim.worker import SimEngineConfig
-from pearl.workloads.agentic import generate_batch
-from pearl.workloads.batch import RolloutBatch
-from pearl.workloads.profiles import get_profile
 
 logger = logging.getLogger(__name__)
 
@@ -28,67 +21,54 @@ class SimulateOutcome:
     reports: list[FixedRolloutReport]
 
 
-def build_cost_model(cfg: SimulateConfig) -> CostModel:
-    gpu = get_gpu(cfg.cluster.gpu)
-    constants = CostConstants()
-    shape = load_model_shape(cfg.model.name)
-    if cfg.cluster.profile:
-        from pearl.sim.cost_profile import load_profile
-
-        profile = load_profile(cfg.cluster.profile)
-        gpu = profile.gpu or gpu
-        constants = profile.constants
-        shape = profile.adapt_model(shape)  # e.g. float32 weights and KV for a CPU profile
-    return CostModel(gpu, shape, tp=cfg.cluster.tp, constants=constants)
-
-
-def build_batch(cfg: SimulateConfig) -> RolloutBatch:
-    w = cfg.workload
-    if w.trace:
-        from pearl.workloads.traces import load_rollout_trace
-
-        return load_rollout_trace(w.trace, max_model_len=engine_config(cfg.sim).max_model_len)
-    return generate_batch(
-        get_profile(w.profile), num_tasks=w.num_tasks, group_size=w.group_size, seed=w.seed
-    )
-
-
-def engine_config(sim: SimSection) -> SimEngineConfig:
-    """The simulated engine a config's ``sim`` section describes."""
-    return SimEngineConfig(
-        block_size=sim.block_size,
-        max_num_batched_tokens=sim.max_num_batched_tokens,
-        max_num_seqs=sim.max_num_seqs,
-        max_model_len=sim.max_model_len,
-        scheduling=sim.scheduling,
-        chunked_prefill_size=sim.chunked_prefill_size,
-        max_prefill_tokens=sim.max_prefill_tokens,
-        flush_cache_on_weight_update=sim.flush_cache_on_weight_update,
-        fast_forward=sim.fast_forward,
-    )
+def _deployment_row(report: FixedRolloutReport, deployment: Deployment, tp: int) -> dict:
+    """One ``metrics.jsonl`` row: a deployment's makespan, tokens, turns and worker time."""
+    return {
+        "deployment": report.deployment,
+        "timing/rollout": report.makespan_s,
+        "performance/rollout_tokens": report.generated_tokens,
+        "performance/tokens_per_sec": report.generated_tokens / report.makespan_s,
+        "rollout/turns": report.turns,
+        "rollout/mean_turn_latency_s": report.mean_turn_latency_s,
+        "rollout/kv_bytes_moved": report.kv_bytes_moved,
+        "rollout/prefill_tokens_computed": report.prefill_tokens_computed,
+        "rollout/prefill_tokens_cached": report.prefill_tokens_cached,
+        "cluster/rollout_gpus": deployment.num_workers * tp,
+        "cluster/prefill_workers": deployment.prefill,
+        "cluster/decode_workers": deployment.decode,
+        "cluster/colocated_workers": deployment.colocated,
+        "sim/iterations": report.iterations,
+        "sim/fast_forwarded_iterations": report.fast_forwarded_iterations,
+        "sim/timer_events": report.timer_events,
+        **{
+            f"time/{use}_s": sum(w[use] for w in report.time_breakdown)
+            for use in (report.time_breakdown[0] if report.time_breakdown else {})
+        },
+    }
 
 
-def check_fits(cost: CostModel, engine: SimEngineConfig, longest: int, what: str) -> None:
-    """Reject up front a workload whose longest sequence (``longest`` tokens) no worker can
-    hold: beyond ``sim.max_model_len`` or beyond one worker's KV memory."""
-    capacity = cost.kv_capacity_tokens()
-    where = f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}"
-    limit = cost.model.max_position_embeddings
-    if limit is not None and engine.max_model_len > limit:
-        raise ConfigError(
-            f"sim.max_model_len is {engine.max_model_len}, beyond {cost.model.name}'s own "
-            f"context limit of {limit} tokens (max_position_embeddings); use at most {limit}"
-        )
-    if longest >= engine.max_model_len:
-        raise ConfigError(
-            f"{what} reaches {longest} tokens, but sim.max_model_len is {engine.max_model_len}; "
-            f"raise sim.max_model_len above {longest} or shorten the workload"
-        )
-    if longest + 1 > capacity:
-        raise ConfigError(
-            f"{what} reaches {longest} tokens, but one worker of {where} holds the KV of "
-            f"{capacity} tokens; use a larger TP (cluster.tp) or a GPU with more memory"
-        )
+def _turn_events(run: RunFolder, report: FixedRolloutReport) -> None:
+    """Every turn of the batch on one deployment, as an ``events.jsonl`` line."""
+    for traj in report.result.trajectories:
+        for k, turn in enumerate(traj.turns):
+            t = turn.telemetry
+            run.event(
+                {
+                    "deployment": report.deployment,
+                    "kind": "turn",
+                    "session": traj.session_id,
+                    "turn": k,
+                    "submitted_at": round(t.submitted_at, 9),
+                    "first_token_at": round(t.first_token_at or 0.0, 9),
+                    "finished_at": round(t.finished_at, 9),
+                    "generated": len(turn.token_ids),
+                    "prefill_computed": t.prefill_tokens_computed,
+                    "prefill_cached": t.prefill_tokens_cached,
+                    "kv_bytes": t.kv_bytes_moved,
+                    "prefill_worker": t.prefill_worker,
+                    "decode_worker": t.decode_worker,
+                }
+            )
 
 
 def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
@@ -112,51 +92,9 @@ def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
             batch, cost, deployment, engine, vocab_size=cost.model.vocab_size
         )
         reports.append(report)
-        rows.append(
-            {
-                "deployment": report.deployment,
-                "timing/rollout": report.makespan_s,
-                "performance/rollout_tokens": report.generated_tokens,
-                "performance/tokens_per_sec": report.generated_tokens / report.makespan_s,
-                "rollout/turns": report.turns,
-                "rollout/mean_turn_latency_s": report.mean_turn_latency_s,
-                "rollout/kv_bytes_moved": report.kv_bytes_moved,
-                "rollout/prefill_tokens_computed": report.prefill_tokens_computed,
-                "rollout/prefill_tokens_cached": report.prefill_tokens_cached,
-                "cluster/rollout_gpus": deployment.num_workers * cost.tp,
-                "cluster/prefill_workers": deployment.prefill,
-                "cluster/decode_workers": deployment.decode,
-                "cluster/colocated_workers": deployment.colocated,
-                "sim/iterations": report.iterations,
-                "sim/fast_forwarded_iterations": report.fast_forwarded_iterations,
-                "sim/timer_events": report.timer_events,
-                **{
-                    f"time/{use}_s": sum(w[use] for w in report.time_breakdown)
-                    for use in (report.time_breakdown[0] if report.time_breakdown else {})
-                },
-            }
-        )
+        rows.append(_deployment_row(report, deployment, cost.tp))
         run.metric(rows[-1])
-        for traj in report.result.trajectories:
-            for k, turn in enumerate(traj.turns):
-                t = turn.telemetry
-                run.event(
-                    {
-                        "deployment": report.deployment,
-                        "kind": "turn",
-                        "session": traj.session_id,
-                        "turn": k,
-                        "submitted_at": round(t.submitted_at, 9),
-                        "first_token_at": round(t.first_token_at or 0.0, 9),
-                        "finished_at": round(t.finished_at, 9),
-                        "generated": len(turn.token_ids),
-                        "prefill_computed": t.prefill_tokens_computed,
-                        "prefill_cached": t.prefill_tokens_cached,
-                        "kv_bytes": t.kv_bytes_moved,
-                        "prefill_worker": t.prefill_worker,
-                        "decode_worker": t.decode_worker,
-                    }
-                )
+        _turn_events(run, report)
         log(
             f"  {report.deployment:>6}: makespan {report.makespan_s:9.2f} s  "
             f"{report.generated_tokens / report.makespan_s:9.1f} tok/s  "

@@ -130,8 +130,51 @@ class ControlPlane:
         self.layout = layout
         self.log = log
         self.clock = AsyncioClock()
+        table = self.table = self._lay_out_table(layout)
+        self.tracker = RuntimeTracker(world.prior)
+        self.made: list[RolloutWorker] = []  # every worker started (time breakdowns)
+        self.router = Router(world.make_kv_mover(self))
+        self.trainer = world.make_trainer(self)
+        self.factory = _Factory(self, prepare_s=0.0)  # the initial workers are up at t = 0
+        self.rebuilder = InterScaleRebuilder(
+            table,
+            self.router,
+            self.factory,
+            lambda: self.trainer.weight_version,
+            world.weight_sync_s,
+            finalize_s=0.0,
+        )
+        self.toggle = self._make_toggle() if policy.borrowing is not Borrowing.OFF else None
+        if decider is None:
+            self.decider = RoleDecider(policy, self.tracker, decision or DecisionConfig(), log)
+        else:
+            self.decider = decider
+            decider.tracker, decider.log = self.tracker, log
+        self.pipeline: PipelineScheduler | None = None
+
+        def progress() -> tuple[int, int]:
+            assert self.pipeline is not None  # attached before the run starts
+            return self.pipeline.borrow_window()
+
+        self.elastic = ElasticScheduler(
+            self.rebuilder,
+            self.reserved,
+            self.preemptible,
+            layout.tp,
+            self.clock,
+            decider=self.decider,
+            toggle=self.toggle,
+            tracker=self.tracker,
+            progress=progress,
+            log=log,
+        )
+
+    def _lay_out_table(self, layout: ClusterLayout) -> WorkerTable:
+        """The table's slots: reserved then preemptible dedicated workers of ``tp`` GPUs, the
+        training slot over the training GPUs, and one overlap rollout slot per TP group of
+        them (inactive until borrowed)."""
         tp = layout.tp
-        table = self.table = WorkerTable()
+        table = WorkerTable()
         self.reserved = [
             table.add_slot(range(i * tp, (i + 1) * tp), Zone.DEDICATED, WorkerRole.COLOCATED)
             for i in range(layout.reserved_workers)
@@ -149,56 +192,21 @@ class ControlPlane:
             table.add_slot(train_gpus[k : k + tp], Zone.OVERLAP, WorkerRole.COLOCATED)
             for k in range(0, layout.training_gpus, tp)
         ]
-        self.tracker = RuntimeTracker(world.prior)
-        self.made: list[RolloutWorker] = []  # every worker started (time breakdowns)
-        self.router = Router(world.make_kv_mover(self))
-        self.trainer = world.make_trainer(self)
-        self.factory = _Factory(self, prepare_s=0.0)  # the initial workers are up at t = 0
-        self.rebuilder = InterScaleRebuilder(
-            table,
-            self.router,
-            self.factory,
-            lambda: self.trainer.weight_version,
-            world.weight_sync_s,
-            finalize_s=0.0,
-        )
-        self.toggle = None
-        if policy.borrowing is not Borrowing.OFF:
-            snap = table.snapshot()
-            retained = {
-                s: self.make_worker(snap.slot(s), WorkerRole.COLOCATED) for s in self.overlap
-            }
-            lat = world.latencies
-            self.toggle = IntraScaleToggleManager(
-                self.rebuilder,
-                self.trainer,
-                [self.training],
-                retained,
-                lat.activate_s,
-                lat.deactivate_s,
-            )
-        if decider is None:
-            self.decider = RoleDecider(policy, self.tracker, decision or DecisionConfig(), log)
-        else:
-            self.decider = decider
-            decider.tracker, decider.log = self.tracker, log
-        self.pipeline: PipelineScheduler | None = None
+        return table
 
-        def progress() -> tuple[int, int]:
-            assert self.pipeline is not None  # attached before the run starts
-            return self.pipeline.borrow_window()
-
-        self.elastic = ElasticScheduler(
+    def _make_toggle(self) -> IntraScaleToggleManager:
+        """The Intra-Scale Toggle Manager over the overlap slots, whose worker processes are
+        started once and kept (retained) across borrowing rounds."""
+        snap = self.table.snapshot()
+        retained = {s: self.make_worker(snap.slot(s), WorkerRole.COLOCATED) for s in self.overlap}
+        lat = self.world.latencies
+        return IntraScaleToggleManager(
             self.rebuilder,
-            self.reserved,
-            self.preemptible,
-            tp,
-            self.clock,
-            decider=self.decider,
-            toggle=self.toggle,
-            tracker=self.tracker,
-            progress=progress,
-            log=log,
+            self.trainer,
+            [self.training],
+            retained,
+            lat.activate_s,
+            lat.deactivate_s,
         )
 
     def make_worker(self, slot: WorkerSlot, role: WorkerRole) -> RolloutWorker:

@@ -162,6 +162,8 @@ class Router:
                 pass
 
     async def _run_once(self, turn: TurnRequest) -> TurnOutput:
+        """Run ``turn`` once on the current topology (colocated, or prefill -> KV move ->
+        decode); an output cut short by a topology change is returned as is."""
         while True:
             await self._wait_for_workers(turn.session_id)
             if not self.disaggregated:
@@ -174,6 +176,13 @@ class Router:
                 new_tokens = len(turn.token_ids)  # p stopped meanwhile; the check below re-picks
             if p in self.prefill:  # still a prefill worker after the await: dispatch now
                 break
+        return await self._run_disaggregated(turn, p, new_tokens)
+
+    async def _run_disaggregated(
+        self, turn: TurnRequest, p: RolloutWorker, new_tokens: int
+    ) -> TurnOutput:
+        """Prefill ``turn`` on ``p`` (``new_tokens`` of it not yet cached there), move its KV
+        to a decode worker and decode the rest there; returns the joined output."""
         self._inflight_prefill_tokens[p.worker_id] += new_tokens
         try:
             first = await p.prefill(turn)
@@ -181,6 +190,17 @@ class Router:
             self._inflight_prefill_tokens[p.worker_id] -= new_tokens
         if first.finish_reason != "prefilled":
             return first  # finished at the prefill worker, or cut short (the caller resumes it)
+        decoded = await self._move_and_decode(turn, p, first)
+        if decoded is None:
+            return dataclasses.replace(first, finish_reason="handed_back")
+        rest, moved, seconds = decoded
+        return self._join_prefill_decode(turn, p, first, rest, moved, seconds)
+
+    async def _move_and_decode(
+        self, turn: TurnRequest, p: RolloutWorker, first: TurnOutput
+    ) -> tuple[TurnOutput, int, float] | None:
+        """Move the prefilled KV from ``p`` to a decode worker and decode the rest of the turn;
+        returns (decode output, KV bytes moved, transfer seconds), or None to hand it back."""
         rest = moved = seconds = None
         d: RolloutWorker | None = None
         mismatched = False
@@ -192,7 +212,7 @@ class Router:
                 if not self.decode:
                     # The topology switched away from disaggregation: hand the first token
                     # back; the caller resumes the turn on the new topology.
-                    return dataclasses.replace(first, finish_reason="handed_back")
+                    return None
                 d = self._pick(WorkerRole.DECODE, turn.session_id, self.decode)
             try:
                 # The decode worker keeps what it holds of this context (all of it for a pure
@@ -228,22 +248,43 @@ class Router:
                     # The prefill worker left (stopped, failed, or changed role) before its KV
                     # was moved: hand the first token back; the caller resumes the turn,
                     # prefilling it again where the topology now allows.
-                    return dataclasses.replace(first, finish_reason="handed_back")
+                    return None
                 if d not in self.decode:
                     continue  # the worker left or changed role: pick another at once
-                # Out of KV memory on the decode side (the import did not fit, or memory
-                # pressure unpinned the imported KV before the decode was admitted): wait,
-                # as a decode server's transfer queue does, for running decodes to free it.
-                if loop.time() >= deadline:
-                    raise NoWorkerAvailable(
-                        f"session {turn.session_id!r}: decode worker {d.worker_id} had no KV "
-                        f"memory for the turn's {len(turn.token_ids)} tokens for "
-                        f"{self.max_wait_s:g} s"
-                    ) from None
-                low, high = RETRY_BACKOFF_S
-                await asyncio.sleep(min(high, low * 2 ** min(waits, 16), deadline - loop.time()))
+                await self._wait_for_kv_memory(turn, d, deadline, waits)
                 waits += 1
         assert moved is not None and seconds is not None  # the move precedes the decode
+        return rest, moved, seconds
+
+    async def _wait_for_kv_memory(
+        self, turn: TurnRequest, d: RolloutWorker, deadline: float, waits: int
+    ) -> None:
+        """Back off before retry ``waits`` of a decode on ``d`` that found no KV memory;
+        raises NoWorkerAvailable once the loop time reaches ``deadline``."""
+        # Out of KV memory on the decode side (the import did not fit, or memory
+        # pressure unpinned the imported KV before the decode was admitted): wait,
+        # as a decode server's transfer queue does, for running decodes to free it.
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            raise NoWorkerAvailable(
+                f"session {turn.session_id!r}: decode worker {d.worker_id} had no KV "
+                f"memory for the turn's {len(turn.token_ids)} tokens for "
+                f"{self.max_wait_s:g} s"
+            ) from None
+        low, high = RETRY_BACKOFF_S
+        await asyncio.sleep(min(high, low * 2 ** min(waits, 16), deadline - loop.time()))
+
+    def _join_prefill_decode(
+        self,
+        turn: TurnRequest,
+        p: RolloutWorker,
+        first: TurnOutput,
+        rest: TurnOutput,
+        moved: int,
+        seconds: float,
+    ) -> TurnOutput:
+        """The turn's output: ``first`` (from prefill worker ``p``) then ``rest`` (decoded),
+        with the prefill and KV-move figures folded into ``rest``'s telemetry."""
         t = rest.telemetry
         t.submitted_at = first.telemetry.submitted_at
         t.first_token_at = first.telemetry.first_token_at

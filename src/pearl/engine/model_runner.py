@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from pearl.engine.decode_kv import DecodeKV
+from pearl.engine.decode_kv import DecodeKV, DecodePlan
 from pearl.engine.sampler import sample
-from pearl.engine.scheduler import SchedulerOutput
+from pearl.engine.scheduler import PrefillChunk, SchedulerOutput
 from pearl.engine.sequence import Sequence
 from pearl.models.attention import (
     AttentionMetadata,
@@ -104,9 +104,51 @@ class ModelRunner:
         pos: list[int] = []
         slot_tables: list[int] = []  # block id of each new token
         slot_offsets: list[int] = []
-        segments: list[PrefillSegment] = []
         sample_rows: list[int] = []
-        for chunk in out.prefills:
+        segments = self._add_prefills(
+            out.prefills, ids, pos, slot_tables, slot_offsets, sample_rows
+        )
+        num_prefill = len(ids)
+        groups: list[DecodeGroup] = []
+        plan = None
+        if out.decodes and self.decode_kv is not None:
+            plan = self.decode_kv.plan(out.decodes)
+        if out.decodes:
+            order = self._add_decodes(
+                out.decodes, plan, ids, pos, slot_tables, slot_offsets, sample_rows
+            )
+            if plan is None:
+                groups = self._decode_groups(out.decodes, order)
+        slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(
+            slot_offsets, dtype=torch.long
+        )
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev),
+            prefills=segments,
+            num_prefill_tokens=num_prefill,
+            decode_groups=groups,
+            workspace=self.workspace,
+            decode_rows=None if plan is None else plan.rows,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        return input_ids, positions, meta, torch.tensor(sample_rows, dtype=torch.long, device=dev)
+
+    def _add_prefills(
+        self,
+        prefills: list[PrefillChunk],
+        ids: list[int],
+        pos: list[int],
+        slot_tables: list[int],
+        slot_offsets: list[int],
+        sample_rows: list[int],
+    ) -> list[PrefillSegment]:
+        """Append the prefill chunks' tokens, positions, slots and sampling rows to the lists;
+        return one attention segment per chunk, in order."""
+        bs = self.block_size
+        dev = self.device
+        segments: list[PrefillSegment] = []
+        for chunk in prefills:
             seq, start, end = chunk.seq, chunk.start, chunk.end
             if self.decode_kv is not None:
                 self.decode_kv.forget(seq)  # recomputed after preemption: refill its row
@@ -125,62 +167,63 @@ class ModelRunner:
                 segments.append(PrefillSegment(q0, len(ids), end, blocks, mask))
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
+        return segments
+
+    def _add_decodes(
+        self,
+        decodes: list[Sequence],
+        plan: DecodePlan | None,
+        ids: list[int],
+        pos: list[int],
+        slot_tables: list[int],
+        slot_offsets: list[int],
+        sample_rows: list[int],
+    ) -> list[int]:
+        """Append one token per decode (after the prefill tokens already in ``ids``) and its
+        sampling row; return the row order (``order[r]`` indexes ``decodes``)."""
+        bs = self.block_size
         num_prefill = len(ids)
+        if plan is not None:
+            # Decode row r reads row r of the contiguous K/V rows (no per-layer gather).
+            order = plan.order
+        else:
+            # Fallback: gather each group's blocks in every layer. Rows go in ascending
+            # context length so each group pads little.
+            order = sorted(range(len(decodes)), key=lambda i: decodes[i].num_tokens)
+        # Sampling rows map back to the scheduler's order.
+        row_of = [0] * len(order)
+        for row, i in enumerate(order):
+            seq = decodes[i]
+            p = seq.num_tokens - 1
+            ids.append(seq.token_ids[p])
+            pos.append(p)
+            slot_tables.append(seq.block_table[p // bs])
+            slot_offsets.append(p % bs)
+            row_of[i] = row
+        sample_rows.extend(num_prefill + row_of[i] for i in range(len(decodes)))
+        return order
+
+    def _decode_groups(self, decodes: list[Sequence], order: list[int]) -> list[DecodeGroup]:
+        """Fallback without contiguous K/V rows: group the decodes (in ``order``, ascending
+        context) into low-padding runs, each with its padded block tables and context mask."""
+        bs = self.block_size
+        dev = self.device
         groups: list[DecodeGroup] = []
-        plan = None
-        if out.decodes and self.decode_kv is not None:
-            plan = self.decode_kv.plan(out.decodes)
-        if out.decodes:
-            if plan is not None:
-                # Decode row r reads row r of the contiguous K/V rows (no per-layer gather).
-                order = plan.order
-            else:
-                # Fallback: gather each group's blocks in every layer. Rows go in ascending
-                # context length so each group pads little.
-                order = sorted(range(len(out.decodes)), key=lambda i: out.decodes[i].num_tokens)
-            # Sampling rows map back to the scheduler's order.
-            row_of = [0] * len(order)
-            for row, i in enumerate(order):
-                seq = out.decodes[i]
-                p = seq.num_tokens - 1
-                ids.append(seq.token_ids[p])
-                pos.append(p)
-                slot_tables.append(seq.block_table[p // bs])
-                slot_offsets.append(p % bs)
-                row_of[i] = row
-            sample_rows.extend(num_prefill + row_of[i] for i in range(len(out.decodes)))
-        if out.decodes and plan is None:
-            for start, end in _length_groups([out.decodes[i].num_tokens for i in order]):
-                seqs = [out.decodes[i] for i in order[start:end]]
-                max_blocks = -(-seqs[-1].num_tokens // bs)
-                tables = [
-                    s.block_table[:max_blocks]
-                    + [0] * (max_blocks - len(s.block_table[:max_blocks]))
-                    for s in seqs
-                ]
-                ctx = torch.tensor([s.num_tokens for s in seqs], dtype=torch.long, device=dev)
-                mask = (torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1))[
-                    :, None, None, :
-                ]
-                groups.append(
-                    DecodeGroup(
-                        start, end, torch.tensor(tables, dtype=torch.long, device=dev), mask
-                    )
-                )
-        slot_mapping = torch.tensor(slot_tables, dtype=torch.long) * bs + torch.tensor(
-            slot_offsets, dtype=torch.long
-        )
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
-            prefills=segments,
-            num_prefill_tokens=num_prefill,
-            decode_groups=groups,
-            workspace=self.workspace,
-            decode_rows=None if plan is None else plan.rows,
-        )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(pos, dtype=torch.long, device=dev)
-        return input_ids, positions, meta, torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        for start, end in _length_groups([decodes[i].num_tokens for i in order]):
+            seqs = [decodes[i] for i in order[start:end]]
+            max_blocks = -(-seqs[-1].num_tokens // bs)
+            tables = [
+                s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
+                for s in seqs
+            ]
+            ctx = torch.tensor([s.num_tokens for s in seqs], dtype=torch.long, device=dev)
+            mask = (torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < ctx.unsqueeze(1))[
+                :, None, None, :
+            ]
+            groups.append(
+                DecodeGroup(start, end, torch.tensor(tables, dtype=torch.long, device=dev), mask)
+            )
+        return groups
 
     # -- KV transfer ------------------------------------------------------------------
     def read_kv(self, seq: Sequence, start: int, end: int) -> torch.Tensor:

@@ -114,40 +114,10 @@ class ModelConfig:
             )
 
         def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
-            value = raw.get(key, default)
-            if value is None:
-                raise ConfigError(f"{source}: required field {key!r} is missing")
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(
-                    f"{source}: field {key!r} must be an integer >= {minimum}, got {value!r}"
-                )
-            return value
+            return _integer(raw, source, key, default, minimum)
 
-        heads = integer("num_attention_heads")
-        hidden = integer("hidden_size")
-        kv_heads = raw.get("num_key_value_heads") or heads
-        if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads != 0:
-            raise ConfigError(
-                f"{source}: num_key_value_heads {kv_heads!r} must be a positive divisor of "
-                f"num_attention_heads {heads}"
-            )
-        head_dim = raw.get("head_dim") or hidden // heads
-        if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
-            raise ConfigError(f"{source}: head_dim {head_dim!r} must be a positive even integer")
-        num_experts = integer("num_experts", 0, minimum=0)
-        if for_engine and num_experts:
-            raise ConfigError(
-                f"{source}: mixture-of-experts models ({num_experts} experts) run in the "
-                "simulator only; the live engine's decoder is dense"
-            )
-        mlp_only = raw.get("mlp_only_layers") or []
-        if not isinstance(mlp_only, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in mlp_only
-        ):
-            raise ConfigError(
-                f"{source}: field 'mlp_only_layers' must be a list of layer indexes, "
-                f"got {mlp_only!r}"
-            )
+        heads, kv_heads, head_dim = _attention_heads(raw, source)
+        moe = _moe_fields(raw, source, for_engine)
         act = raw.get("hidden_act", "silu")
         if for_engine and act != "silu":
             raise ConfigError(f"{source}: hidden_act {act!r} is not supported; supported: silu")
@@ -163,7 +133,7 @@ class ModelConfig:
         return cls(
             model_type=str(model_type or ""),
             vocab_size=integer("vocab_size"),
-            hidden_size=hidden,
+            hidden_size=integer("hidden_size"),
             intermediate_size=integer(
                 "intermediate_size", None if for_engine else 0, minimum=1 if for_engine else 0
             ),
@@ -181,16 +151,7 @@ class ModelConfig:
             attention_bias=bool(attention_bias),
             hidden_act=str(act),
             eos_token_id=eos_ids,
-            num_experts=num_experts,
-            num_experts_per_tok=integer("num_experts_per_tok", 0, minimum=0) if num_experts else 0,
-            moe_intermediate_size=integer("moe_intermediate_size", 0, minimum=0)
-            if num_experts
-            else 0,
-            decoder_sparse_step=integer("decoder_sparse_step", 1),
-            mlp_only_layers=tuple(mlp_only),
-            shared_expert_intermediate_size=integer("shared_expert_intermediate_size", 0, minimum=0)
-            if num_experts
-            else 0,
+            **moe,
             name=str(raw.get("_name_or_path") or ""),
         )
 
@@ -278,3 +239,60 @@ def _rope(raw: Mapping[str, Any], source: str, for_engine: bool) -> tuple[float,
                 f"{source}: rope_scaling type {kind!r} is not supported; supported: default, llama3"
             )
     return float(rope_theta), rope_scaling
+
+
+def _integer(
+    raw: Mapping[str, Any], source: str, key: str, default: int | None = None, minimum: int = 1
+) -> int:
+    """Field ``key`` as an integer >= ``minimum`` (``default`` when absent; None: required)."""
+    value = raw.get(key, default)
+    if value is None:
+        raise ConfigError(f"{source}: required field {key!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{source}: field {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _attention_heads(raw: Mapping[str, Any], source: str) -> tuple[int, int, int]:
+    """(query heads, KV heads dividing them, an even head_dim; hidden / heads by default)."""
+    heads = _integer(raw, source, "num_attention_heads")
+    hidden = _integer(raw, source, "hidden_size")
+    kv_heads = raw.get("num_key_value_heads") or heads
+    if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads != 0:
+        raise ConfigError(
+            f"{source}: num_key_value_heads {kv_heads!r} must be a positive divisor of "
+            f"num_attention_heads {heads}"
+        )
+    head_dim = raw.get("head_dim") or hidden // heads
+    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+        raise ConfigError(f"{source}: head_dim {head_dim!r} must be a positive even integer")
+    return heads, kv_heads, head_dim
+
+
+def _moe_fields(raw: Mapping[str, Any], source: str, for_engine: bool) -> dict[str, Any]:
+    """The mixture-of-experts fields (Qwen3-MoE's names); the live engine takes none."""
+    num_experts = _integer(raw, source, "num_experts", 0, minimum=0)
+    if for_engine and num_experts:
+        raise ConfigError(
+            f"{source}: mixture-of-experts models ({num_experts} experts) run in the "
+            "simulator only; the live engine's decoder is dense"
+        )
+    mlp_only = raw.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list | tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in mlp_only
+    ):
+        raise ConfigError(
+            f"{source}: field 'mlp_only_layers' must be a list of layer indexes, got {mlp_only!r}"
+        )
+
+    def expert(key: str) -> int:
+        return _integer(raw, source, key, 0, minimum=0) if num_experts else 0
+
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": expert("num_experts_per_tok"),
+        "moe_intermediate_size": expert("moe_intermediate_size"),
+        "decoder_sparse_step": _integer(raw, source, "decoder_sparse_step", 1),
+        "mlp_only_layers": tuple(mlp_only),
+        "shared_expert_intermediate_size": expert("shared_expert_intermediate_size"),
+    }

@@ -124,6 +124,39 @@ class FixedRolloutReport:
     """Per worker: seconds per ``TimeUse`` over the makespan."""
     result: BatchResult | None = None
 
+    @classmethod
+    def of(
+        cls,
+        deployment: Deployment,
+        cluster: SimulatedCluster,
+        result: BatchResult,
+        timer_events: int,
+        wall_started: float,
+    ) -> FixedRolloutReport:
+        """The report of ``result``, run on ``cluster`` since ``wall_started``."""
+        wall = time.perf_counter() - wall_started
+        turns = [o for t in result.trajectories for o in t.turns]
+        workers = cluster.workers
+        return cls(
+            deployment=deployment.label,
+            makespan_s=result.makespan_s,
+            generated_tokens=result.generated_tokens,
+            turns=len(turns),
+            iterations=sum(w.counters.iterations for w in workers),
+            fast_forwarded_iterations=sum(w.counters.fast_forwarded_iterations for w in workers),
+            timer_events=timer_events,
+            wall_s=wall,
+            kv_bytes_moved=sum(o.telemetry.kv_bytes_moved for o in turns),
+            prefill_tokens_computed=sum(o.telemetry.prefill_tokens_computed for o in turns),
+            prefill_tokens_cached=sum(o.telemetry.prefill_tokens_cached for o in turns),
+            mean_turn_latency_s=sum(result.turn_latencies()) / max(1, len(turns)),
+            worker_busy_fraction=[
+                w.counters.busy_s / max(result.makespan_s, 1e-9) for w in workers
+            ],
+            time_breakdown=[w.counters.time_breakdown(result.makespan_s) for w in workers],
+            result=result,
+        )
+
     @property
     def iterations_per_wall_s(self) -> float:
         return self.iterations / max(self.wall_s, 1e-9)
@@ -188,29 +221,7 @@ def simulate_fixed_rollout(
         # Let cancelled engine loops unwind before the loop closes.
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
-    wall = time.perf_counter() - wall0
-    turns = [o for t in result.trajectories for o in t.turns]
-    return FixedRolloutReport(
-        deployment=deployment.label,
-        makespan_s=result.makespan_s,
-        generated_tokens=result.generated_tokens,
-        turns=len(turns),
-        iterations=sum(w.counters.iterations for w in cluster.workers),
-        fast_forwarded_iterations=sum(
-            w.counters.fast_forwarded_iterations for w in cluster.workers
-        ),
-        timer_events=loop.timer_jumps,
-        wall_s=wall,
-        kv_bytes_moved=sum(o.telemetry.kv_bytes_moved for o in turns),
-        prefill_tokens_computed=sum(o.telemetry.prefill_tokens_computed for o in turns),
-        prefill_tokens_cached=sum(o.telemetry.prefill_tokens_cached for o in turns),
-        mean_turn_latency_s=sum(result.turn_latencies()) / max(1, len(turns)),
-        worker_busy_fraction=[
-            w.counters.busy_s / max(result.makespan_s, 1e-9) for w in cluster.workers
-        ],
-        time_breakdown=[w.counters.time_breakdown(result.makespan_s) for w in cluster.workers],
-        result=result,
-    )
+    return FixedRolloutReport.of(deployment, cluster, result, loop.timer_jumps, wall0)
 
 
 def deployments_for(num_workers: int) -> Sequence[Deployment]:

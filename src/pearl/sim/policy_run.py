@@ -216,6 +216,36 @@ def _run_counters(plane, events: list[dict]) -> dict:
     return counters
 
 
+def _world(setting: RLSetting, training_base: int) -> SimWorld:
+    """The simulated world of a run: workers' KV sized from GPU memory, a network of the
+    nodes up to the last training GPU, the cost model's prior."""
+    cost = setting.cost
+    blocks = max(2, cost.kv_capacity_tokens() // setting.engine.block_size)
+    engine = dataclasses.replace(setting.engine, num_kv_blocks=blocks)
+    nodes = math.ceil((training_base + setting.training_gpus) / cost.gpu.gpus_per_node)
+    bandwidth = cost.tp * cost.gpu.network_bandwidth_Bps
+    return SimWorld(
+        cost,
+        engine,
+        Network.for_gpu(cost.gpu, nodes),
+        setting.training_gpus,
+        prior_params(cost, setting.profile, setting.engine, bandwidth),
+        setting.check_invariants,
+    )
+
+
+def _from_start(records: list[StepRecord], timeline: list[dict], t0: float) -> None:
+    """Report times from the start of the run (``t0``: the initial workers are up)."""
+    for rec in records:
+        rec.rollout_started -= t0
+        rec.rollout_finished -= t0
+        rec.train_started -= t0
+        rec.train_finished -= t0
+        rec.sync_finished -= t0
+    for entry in timeline:
+        entry["t"] = round(max(0.0, entry["t"] - t0), 6)
+
+
 def run_policy(
     setting: RLSetting,
     policy: Policy,
@@ -238,19 +268,7 @@ def run_policy(
         cost.gpu.gpus_per_node,
     )
     layout = cluster.layout_for(policy, availability.mean)
-    blocks = max(2, cost.kv_capacity_tokens() // setting.engine.block_size)
-    engine = dataclasses.replace(setting.engine, num_kv_blocks=blocks)
-    nodes = math.ceil((layout.training_base + setting.training_gpus) / cost.gpu.gpus_per_node)
-    world = SimWorld(
-        cost,
-        engine,
-        Network.for_gpu(cost.gpu, nodes),
-        setting.training_gpus,
-        prior_params(
-            cost, setting.profile, setting.engine, cost.tp * cost.gpu.network_bandwidth_Bps
-        ),
-        setting.check_invariants,
-    )
+    world = _world(setting, layout.training_base)
     events: list[dict] = []
     rollout_gpus: list[tuple[float, int]] = []
     reserved_gpus = layout.reserved_workers * layout.tp
@@ -293,15 +311,7 @@ def run_policy(
     (records, t0, counters, time_rows, timeline), _ = run_virtual(main)
     for rec, times in zip(records, time_rows, strict=False):
         rec.time_breakdown = times
-    # Report times from the start of the run (t0: the initial workers are up).
-    for rec in records:
-        rec.rollout_started -= t0
-        rec.rollout_finished -= t0
-        rec.train_started -= t0
-        rec.train_finished -= t0
-        rec.sync_finished -= t0
-    for entry in timeline:
-        entry["t"] = round(max(0.0, entry["t"] - t0), 6)
+    _from_start(records, timeline, t0)
     return RLRunResult(
         policy=policy.name,
         trace=trace.source if trace is not None else "",

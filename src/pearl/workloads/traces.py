@@ -191,82 +191,104 @@ def loads_rollout_trace(
                 raise _from_validation(source, number, exc) from None
             header_line = number
             continue
-        try:
-            record = _TrajectoryRecord.model_validate_json(raw)
-        except pydantic.ValidationError as exc:
-            raise _from_validation(source, number, exc) from None
-        try:
-            traj = Trajectory(
-                task_id=record.task_id,
-                index_in_group=record.index_in_group,
-                turns=tuple(
-                    Turn(
-                        t.observation_tokens,
-                        t.response_tokens,
-                        t.response_tokens_kept,
-                        t.env_latency_s,
-                    )
-                    for t in record.turns
-                ),
-                shared_prefix_tokens=record.shared_prefix_tokens,
-                env_setup_s=record.env_setup_s,
-                reward_latency_s=record.reward_latency_s,
-                stop=record.stop,
-                observation_window=record.observation_window,
-                collapsed_observation_tokens=record.collapsed_observation_tokens,
-            )
-        except WorkloadError as exc:
-            raise _fail(source, number, "turns", str(exc)) from None
-        if traj.peak_context_tokens > header.max_context_tokens:
-            raise _fail(
-                source,
-                number,
-                "turns",
-                f"the trajectory reaches {traj.peak_context_tokens} tokens, over the header's "
-                f"max_context_tokens {header.max_context_tokens} (line {header_line})",
-            )
-        if max_model_len is not None and traj.peak_context_tokens >= max_model_len:
-            raise _fail(
-                source,
-                number,
-                "turns",
-                f"the trajectory reaches {traj.peak_context_tokens} tokens; the engine's "
-                f"max_model_len is {max_model_len} (sim.max_model_len): raise it or shorten the turn",
-            )
+        traj = _parse_trajectory(source, number, raw)
+        _check_context(source, number, traj, header, header_line, max_model_len)
         by_task.setdefault(traj.task_id, []).append((number, traj))
     if header is None:
         raise _fail(source, 1, "format", f"empty trace; expected a {TRACE_FORMAT!r} header line")
     if not by_task:
         raise _fail(source, header_line, "(file)", "the trace holds no trajectories")
-
-    groups = []
-    for task_id, members in by_task.items():
-        members.sort(key=lambda m: m[1].index_in_group)
-        first_line, first = members[0]
-        for position, (number, traj) in enumerate(members):
-            if traj.index_in_group != position:
-                raise _fail(
-                    source,
-                    number,
-                    "index_in_group",
-                    f"task {task_id!r} needs indices 0..{len(members) - 1} once each; "
-                    f"got {traj.index_in_group} at position {position}",
-                )
-            if traj.prompt_tokens != first.prompt_tokens:
-                raise _fail(
-                    source,
-                    number,
-                    "turns.0.observation_tokens",
-                    f"siblings share the initial prompt: {traj.prompt_tokens} here, "
-                    f"{first.prompt_tokens} on line {first_line}",
-                )
-            if traj.shared_prefix_tokens != first.shared_prefix_tokens:
-                raise _fail(
-                    source,
-                    number,
-                    "shared_prefix_tokens",
-                    f"siblings share the prefix: {traj.shared_prefix_tokens} here, "
-                    f"{first.shared_prefix_tokens} on line {first_line}",
-                )
-        groups.append(TaskGroup(task_id, tuple(t for _, t in members)))
+    groups = [_task_group(source, task_id, members) for task_id, members in by_task.items()]
     return RolloutBatch(tuple(groups), header.max_context_tokens, header.profile, header.seed)
+
+
+def _parse_trajectory(source: str, number: int, raw: str) -> Trajectory:
+    """Validate trajectory line ``number`` (text ``raw``) and build its Trajectory;
+    raises TraceFormatError naming the line and field."""
+    try:
+        record = _TrajectoryRecord.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        raise _from_validation(source, number, exc) from None
+    try:
+        return Trajectory(
+            task_id=record.task_id,
+            index_in_group=record.index_in_group,
+            turns=tuple(
+                Turn(
+                    t.observation_tokens,
+                    t.response_tokens,
+                    t.response_tokens_kept,
+                    t.env_latency_s,
+                )
+                for t in record.turns
+            ),
+            shared_prefix_tokens=record.shared_prefix_tokens,
+            env_setup_s=record.env_setup_s,
+            reward_latency_s=record.reward_latency_s,
+            stop=record.stop,
+            observation_window=record.observation_window,
+            collapsed_observation_tokens=record.collapsed_observation_tokens,
+        )
+    except WorkloadError as exc:
+        raise _fail(source, number, "turns", str(exc)) from None
+
+
+def _check_context(
+    source: str,
+    number: int,
+    traj: Trajectory,
+    header: _Header,
+    header_line: int,
+    max_model_len: int | None,
+) -> None:
+    """Raise TraceFormatError if ``traj`` (on line ``number``) peaks over the header's
+    max_context_tokens or reaches ``max_model_len``."""
+    if traj.peak_context_tokens > header.max_context_tokens:
+        raise _fail(
+            source,
+            number,
+            "turns",
+            f"the trajectory reaches {traj.peak_context_tokens} tokens, over the header's "
+            f"max_context_tokens {header.max_context_tokens} (line {header_line})",
+        )
+    if max_model_len is not None and traj.peak_context_tokens >= max_model_len:
+        raise _fail(
+            source,
+            number,
+            "turns",
+            f"the trajectory reaches {traj.peak_context_tokens} tokens; the engine's "
+            f"max_model_len is {max_model_len} (sim.max_model_len): raise it or shorten the turn",
+        )
+
+
+def _task_group(source: str, task_id: str, members: list[tuple[int, Trajectory]]) -> TaskGroup:
+    """Sort a task's ``(line, trajectory)`` members by index_in_group (in place) and check they
+    form a group (indices 0..G-1, one prompt and prefix); raises TraceFormatError otherwise."""
+    members.sort(key=lambda m: m[1].index_in_group)
+    first_line, first = members[0]
+    for position, (number, traj) in enumerate(members):
+        if traj.index_in_group != position:
+            raise _fail(
+                source,
+                number,
+                "index_in_group",
+                f"task {task_id!r} needs indices 0..{len(members) - 1} once each; "
+                f"got {traj.index_in_group} at position {position}",
+            )
+        if traj.prompt_tokens != first.prompt_tokens:
+            raise _fail(
+                source,
+                number,
+                "turns.0.observation_tokens",
+                f"siblings share the initial prompt: {traj.prompt_tokens} here, "
+                f"{first.prompt_tokens} on line {first_line}",
+            )
+        if traj.shared_prefix_tokens != first.shared_prefix_tokens:
+            raise _fail(
+                source,
+                number,
+                "shared_prefix_tokens",
+                f"siblings share the prefix: {traj.shared_prefix_tokens} here, "
+                f"{first.shared_prefix_tokens} on line {first_line}",
+            )
+    return TaskGroup(task_id, tuple(t for _, t in members))

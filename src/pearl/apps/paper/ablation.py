@@ -15,9 +15,10 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 
-from pearl.apps.experiment import build_setting, run_summary
+from pearl.apps.experiment import run_summary
 from pearl.config import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
+from pearl.sim.build import build_setting
 from pearl.sim.policy_run import run_policy
 
 RUNGS: dict[str, tuple[PDMode, Borrowing, str]] = {

@@ -1,0 +1,95 @@
+"""Golden runs: short simulated runs whose records must not drift.
+
+A refactor or a speed change leaves every simulated number as it was; these digests of
+``metrics.jsonl``, ``events.jsonl`` and ``table.md`` (wall-clock fields left out) catch
+any drift. The digests were taken from the code before the ``pearl.apps`` move (issue 19)
+and hold after it. A deliberate model change updates them in the same commit and says
+why in its message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pearl.apps.experiment import run_experiment
+from pearl.apps.simulate import run_simulate
+from pearl.config import load_simulate_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+# An availability trace that changes four times in the run (expansions, shrinks).
+AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
+
+RL_DIGEST = "9915cc2f204ee4e8"
+ROLLOUT_DIGEST = "4ae8eecc3e37b02f"
+
+
+def digest(folder: Path, trace: str | None = None) -> str:
+    """The run's records with wall-clock fields removed and the trace path neutralized."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if "wall" not in k}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    h = hashlib.sha256()
+    for name in ("metrics.jsonl", "events.jsonl", "table.md"):
+        if not (folder / name).exists():
+            continue
+        text = (folder / name).read_text()
+        if trace:
+            text = text.replace(trace, "<trace>")
+        if name.endswith(".jsonl"):
+            rows = (strip(json.loads(line)) for line in text.splitlines())
+            text = "\n".join(json.dumps(row, sort_keys=True) for row in rows)
+        h.update(text.encode())
+    return h.hexdigest()[:16]
+
+
+def test_a_short_paper_regime_rl_run_gives_the_recorded_numbers(tmp_path):
+    """static-pd (every turn on the PD path) and pearl (refits, decisions, the gate,
+    borrowing) under an availability trace that expands and shrinks the pool."""
+    trace = tmp_path / "avail.csv"
+    trace.write_text(AVAILABILITY)
+    cfg = load_simulate_config(
+        CONFIGS / "headline_paper.yaml",
+        [
+            "policies=[static-pd,pearl]",
+            f"elastic.segments=[{trace}]",
+            "rl.duration_s=1800",
+            "processes=1",
+            "workload.num_tasks=2",
+            "workload.group_size=8",
+            f"logger.run_dir={tmp_path / 'runs'}",
+            "logger.run_name=rl",
+        ],
+    )
+    outcome = run_experiment(cfg, log=lambda line: None)
+    assert digest(Path(outcome.run_dir), str(trace)) == RL_DIGEST
+
+
+def test_a_rollout_batch_on_fixed_deployments_gives_the_recorded_numbers(tmp_path):
+    cfg = load_simulate_config(
+        None,
+        [
+            "cluster.deployments=[4C,1P3D]",
+            "workload.profile=tiny",
+            f"logger.run_dir={tmp_path / 'runs'}",
+            "logger.run_name=rollout",
+        ],
+    )
+    outcome = run_simulate(cfg, log=lambda line: None)
+    assert digest(Path(outcome.run_dir)) == ROLLOUT_DIGEST
+
+
+def test_the_digest_sees_a_changed_number(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"a": 1.0, "wall_s": 3}\n')
+    before = digest(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"a": 1.0, "wall_s": 9}\n')
+    assert digest(tmp_path) == before  # wall-clock fields do not count
+    (tmp_path / "metrics.jsonl").write_text('{"a": 1.0000001, "wall_s": 3}\n')
+    assert digest(tmp_path) != before
