@@ -26,7 +26,7 @@ from pearl.engine.iteration_timing import (
 )
 from pearl.engine.sequence import Request, SamplingParams
 from pearl.errors import ConfigError, EngineStateError
-from pearl.sim.cost_profile import load_profile, save_profile
+from pearl.sim.cost_profile import load_cost_profile, save_cost_profile
 from pearl.sim.costmodel import CostModel
 from pearl.sim.shapes import ModelShape
 
@@ -42,7 +42,7 @@ def calibrated(tmp_path_factory):
     engine = build_engine(TINY, grid, REPEATS)
     path = tmp_path_factory.mktemp("calibration") / "cpu.yaml"
     report = calibrate(engine, path, grid, repeats=REPEATS)
-    return engine, grid, report, load_profile(path)
+    return engine, grid, report, load_cost_profile(path)
 
 
 def predictions(profile, model, samples):
@@ -206,7 +206,7 @@ def test_saved_profile_loads_back_with_the_same_predictions(calibrated, tmp_path
     assert meta["fit"]["errors"]["all"]["median"] == pytest.approx(report.errors["all"].median)
     assert "cpu" in meta["fitted_on"] and "date" in meta
     # YAML -> JSON -> back: the same numbers, the same predictions.
-    again = load_profile(save_profile(tmp_path / "cpu.json", profile))
+    again = load_cost_profile(save_cost_profile(tmp_path / "cpu.json", profile))
     assert again == profile
     np.testing.assert_allclose(
         predictions(again, model, samples), predictions(profile, model, samples), rtol=1e-12
@@ -253,7 +253,7 @@ def test_run_calibrate_on_a_model_folder_prints_the_fit_and_saves_json(tmp_path)
     report = run_calibrate(str(folder), str(tmp_path / "cpu.json"), "quick", 1, echo=lines.append)
     text = "\n".join(lines)
     assert "[16/16]" in text and "median" in text and str(tmp_path / "cpu.json") in text
-    profile = load_profile(tmp_path / "cpu.json")
+    profile = load_cost_profile(tmp_path / "cpu.json")
     assert profile.meta["model"] == "tiny-model" and profile.meta["repeats"] == 1
     assert len(samples_from_profile(profile)) == len(report.relative_errors) == 16
     with pytest.raises(ConfigError, match="neither a model folder.*qwen3-16m"):

@@ -160,10 +160,10 @@ def test_fidelity_compares_the_live_mean_of_repeats_with_one_simulation(ray_runt
     import statistics
 
     from pearl.apps import fidelity as fid
-    from pearl.sim.cost_profile import Profile
+    from pearl.sim.cost_profile import CostProfile
     from pearl.sim.hardware import CPU_PLACEHOLDER
 
-    profile = Profile(  # any fitted-looking profile: this checks the protocol, not the error
+    profile = CostProfile(  # any fitted-looking profile: this checks the protocol, not the error
         gpu=dataclasses.replace(
             CPU_PLACEHOLDER, peak_flops=2e10, hbm_bandwidth_Bps=1e10, hbm_bytes=8e9
         ),

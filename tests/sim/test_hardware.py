@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pearl.errors import ConfigError
-from pearl.sim.cost_profile import PROFILE_KEYS, Profile, load_profile, save_profile
+from pearl.sim.cost_profile import PROFILE_KEYS, CostProfile, load_cost_profile, save_cost_profile
 from pearl.sim.costmodel import CostConstants, WorkerLatencies
 from pearl.sim.hardware import GPU_CATALOG, H100, H800, GPUSpec, get_gpu
 from pearl.sim.shapes import load_model_shape
@@ -51,37 +51,37 @@ def test_invalid_spec_names_the_field():
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_profile_round_trip_keeps_every_value(tmp_path, suffix):
     cpu = GPUSpec("cpu", 6.1e10, 8e9, 1.2e10, 5e9, 1.25e9, 1)
-    profile = Profile(
+    profile = CostProfile(
         gpu=cpu,
         constants=CostConstants(per_sequence_overhead_s=3e-4, linear_compute_efficiency=0.9),
         latencies=WorkerLatencies(1.0, 0.5, 0.2, 0.1),
         dtype_bytes=4,
         meta={"fitted_on": "test", "points": 12},
     )
-    path = save_profile(tmp_path / f"cpu{suffix}", profile)
-    assert load_profile(path) == profile
+    path = save_cost_profile(tmp_path / f"cpu{suffix}", profile)
+    assert load_cost_profile(path) == profile
 
 
 def test_profile_sections_are_optional_and_overrides_keep_other_defaults(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("constants:\n  iteration_overhead_s: 0.004\n")
-    profile = load_profile(path)
+    profile = load_cost_profile(path)
     assert profile.gpu is None and profile.latencies is None and profile.dtype_bytes is None
     assert profile.constants == CostConstants(iteration_overhead_s=0.004)
     model = load_model_shape("Qwen3-8B")
     assert profile.adapt_model(model) is model
     (tmp_path / "empty.yaml").write_text("")
-    assert load_profile(tmp_path / "empty.yaml") == Profile()
+    assert load_cost_profile(tmp_path / "empty.yaml") == CostProfile()
 
 
 def test_profile_gpu_by_name_or_base_plus_overrides(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"gpu": "H800", "dtype_bytes": 4}))
-    profile = load_profile(path)
+    profile = load_cost_profile(path)
     assert profile.gpu is H800
     assert profile.adapt_model(load_model_shape("Qwen3-8B")).kv_dtype_bytes == 4
     path.write_text(json.dumps({"gpu": {"base": "H800", "network_bandwidth_Bps": 100e9}}))
-    gpu = load_profile(path).gpu
+    gpu = load_cost_profile(path).gpu
     assert gpu.network_bandwidth_Bps == 100e9 and gpu.nvlink_bandwidth_Bps == 200e9
 
 
@@ -89,21 +89,21 @@ def test_unknown_keys_are_rejected_with_file_key_and_valid_keys(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("constants:\n  linear_eff: 0.5\n")
     with pytest.raises(ConfigError) as info:
-        load_profile(path)
+        load_cost_profile(path)
     message = str(info.value)
     assert str(path) in message and "'linear_eff'" in message
     assert "linear_compute_efficiency" in message
     path.write_text("gpus: H800\n")
     with pytest.raises(ConfigError, match="unknown key 'gpus'.*" + ", ".join(PROFILE_KEYS)):
-        load_profile(path)
+        load_cost_profile(path)
     path.write_text("gpu: {name: x, peak_flops: 1.0}\n")
     with pytest.raises(ConfigError, match="missing hbm_bytes"):
-        load_profile(path)
+        load_cost_profile(path)
     path.write_text("constants: {train_comm_overlap: 1.5}\n")
     with pytest.raises(ConfigError, match=r"bad.yaml.*train_comm_overlap must be in \[0, 1\]"):
-        load_profile(path)
+        load_cost_profile(path)
     path.write_text("latencies: {prepare_s: fast}\n")
     with pytest.raises(ConfigError, match="'prepare_s' must be a number"):
-        load_profile(path)
+        load_cost_profile(path)
     with pytest.raises(ConfigError, match="must end in"):
-        load_profile(tmp_path / "p.toml")
+        load_cost_profile(tmp_path / "p.toml")

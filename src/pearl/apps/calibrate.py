@@ -46,7 +46,7 @@ from pearl.engine.iteration_timing import (
     profile_engine,
 )
 from pearl.errors import ConfigError
-from pearl.sim.cost_profile import Profile, save_profile
+from pearl.sim.cost_profile import CostProfile, save_cost_profile
 from pearl.sim.costmodel import CostConstants, CostModel, IterationWork
 from pearl.sim.hardware import CPU_PLACEHOLDER, GPUSpec
 from pearl.sim.shapes import ModelShape
@@ -355,10 +355,10 @@ def _fitted_profile(
     report: FitReport,
     samples: list[Sample],
     meta: Mapping[str, Any] | None,
-) -> Profile:
+) -> CostProfile:
     """The ``cpu`` profile of ``rates`` with ``memory`` bytes; its meta holds ``meta``, the
     model, the date, the fit report and the samples."""
-    return Profile(
+    return CostProfile(
         gpu=rates.gpu(memory),
         constants=rates.constants(),
         dtype_bytes=model.dtype_bytes,
@@ -381,7 +381,7 @@ def fit_profile(
     memory_bytes: float | None = None,
     meta: Mapping[str, Any] | None = None,
     anchor: int = 0,
-) -> tuple[Profile, FitReport]:
+) -> tuple[CostProfile, FitReport]:
     """Fit a ``cpu`` profile so ``CostModel`` (tp=1) predicts ``samples``' times on ``clock``
     for ``model``.
 
@@ -424,7 +424,7 @@ def fit_profile(
     return _fitted_profile(rates, memory, model, report, samples, meta), report
 
 
-def samples_from_profile(profile: Profile) -> list[Sample]:
+def samples_from_profile(profile: CostProfile) -> list[Sample]:
     """The samples a calibrated profile was fitted on (from its ``meta``), for refitting."""
     raw = profile.meta.get("samples")
     if not isinstance(raw, list):
@@ -606,7 +606,7 @@ def calibrate(
         },
     }
     profile, report = fit_profile(samples, model, clock=clock, meta=meta)
-    path = save_profile(out_path, profile)
+    path = save_cost_profile(out_path, profile)
     return dataclasses.replace(report, profiling_seconds=profiling_seconds, profile_path=str(path))
 
 

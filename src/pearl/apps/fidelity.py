@@ -23,7 +23,7 @@ from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.engine.config import EngineConfig
 from pearl.report.progress import Progress
-from pearl.sim.cost_profile import Profile
+from pearl.sim.cost_profile import CostProfile
 from pearl.sim.costmodel import CostModel
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.shapes import ModelShape
@@ -137,7 +137,7 @@ class CaseResult:
         }
 
 
-def sim_cost(profile: Profile, model_config: dict[str, Any]) -> CostModel:
+def sim_cost(profile: CostProfile, model_config: dict[str, Any]) -> CostModel:
     shape = profile.adapt_model(ModelShape.from_hf_config(model_config, "calibration"))
     gpu = profile.gpu
     if gpu is None:
@@ -452,16 +452,16 @@ def _check_compare_args(cases, calibration: str, live_repeats: int) -> None:
 
 
 def _grid_profiles(
-    profile: Profile | None,
+    profile: CostProfile | None,
     model,
     engine: EngineConfig,
     kinds: list[str],
     calibration: str,
     log: Callable[[str], None],
-) -> tuple[dict[str, Profile], float, float, list]:
+) -> tuple[dict[str, CostProfile], float, float, list]:
     """The fits before any in-situ one (``1C``, plus ``nC`` per size with ``grid-load``), the
     idle per-turn overhead and call cost, and the grid samples (0, 0, [] given ``profile``)."""
-    profiles: dict[str, Profile] = {}
+    profiles: dict[str, CostProfile] = {}
     overhead = rpc = 0.0
     grid_samples: list = []
     if profile is None:
@@ -518,7 +518,7 @@ def _run_cases_live(
 def _fit_held_out(
     held_out: dict[str, HeldOut],
     grid_samples: list,
-    profiles: dict[str, Profile],
+    profiles: dict[str, CostProfile],
     overhead: float,
     rpc: float,
     log: Callable[[str], None],
@@ -539,7 +539,7 @@ def _fit_held_out(
 
 
 def _sim_costs(
-    profiles: dict[str, Profile], bandwidth: float, model_config: dict[str, Any]
+    profiles: dict[str, CostProfile], bandwidth: float, model_config: dict[str, Any]
 ) -> dict[str, CostModel]:
     """Each fit's cost model for ``model_config``, with the measured actor-to-actor
     ``bandwidth`` as both its NVLink and network bandwidth."""
@@ -618,7 +618,7 @@ def _compare_case(
 
 
 def compare(
-    profile: Profile | None,
+    profile: CostProfile | None,
     cases=DEFAULT_CASES,
     model_config: dict[str, Any] = CALIBRATION_MODEL,
     engine: EngineConfig = CALIBRATION_ENGINE,

@@ -25,9 +25,9 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
     constants = CostConstants()
     shape = load_model_shape(cfg.model.name)
     if cfg.cluster.profile:
-        from pearl.sim.cost_profile import load_profile
+        from pearl.sim.cost_profile import load_cost_profile
 
-        profile = load_profile(cfg.cluster.profile)
+        profile = load_cost_profile(cfg.cluster.profile)
         gpu = profile.gpu or gpu
         constants = profile.constants
         shape = profile.adapt_model(shape)  # e.g. float32 weights and KV for a CPU profile

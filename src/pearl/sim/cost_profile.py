@@ -1,4 +1,4 @@
-"""Profile files: a GPU spec, cost-constant overrides and worker latencies, in YAML or JSON.
+"""Cost profiles (files): a GPU spec, cost-constant overrides and worker latencies, in YAML or JSON.
 
 Layout (every section optional; unknown keys are rejected)::
 
@@ -36,8 +36,9 @@ _SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
 
 @dataclass(slots=True, frozen=True)
-class Profile:
-    """What a profile file holds: an optional GPU, constants, optional latencies and dtype."""
+class CostProfile:
+    """A fitted cost profile (`cluster.profile`): an optional GPU, cost constants, optional
+    worker latencies and dtype. Not a workload profile (`pearl.workloads.profiles`)."""
 
     gpu: GPUSpec | None = None
     constants: CostConstants = field(default_factory=CostConstants)
@@ -117,7 +118,7 @@ SHIPPED_PROFILES = {
 """Profiles that ship with PEARL, by name (``cluster.profile: paper-h800``)."""
 
 
-def load_profile(path: str | Path) -> Profile:
+def load_cost_profile(path: str | Path) -> CostProfile:
     """Read a profile file (YAML or JSON by suffix), or a shipped profile by name; errors
     name the file and the key."""
     if str(path) in SHIPPED_PROFILES:
@@ -160,12 +161,12 @@ def load_profile(path: str | Path) -> Profile:
     meta = raw.get("meta") or {}
     if not isinstance(meta, Mapping):
         raise ConfigError(f"{path}: meta must be a mapping, got {type(meta).__name__}")
-    return Profile(
+    return CostProfile(
         gpu=gpu, constants=constants, latencies=latencies, dtype_bytes=dtype_bytes, meta=dict(meta)
     )
 
 
-def profile_to_dict(profile: Profile) -> dict[str, Any]:
+def cost_profile_to_dict(profile: CostProfile) -> dict[str, Any]:
     """The profile as plain data (every constant written out, so a file pins its values)."""
     out: dict[str, Any] = {}
     if profile.gpu is not None:
@@ -180,11 +181,11 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     return out
 
 
-def save_profile(path: str | Path, profile: Profile) -> Path:
+def save_cost_profile(path: str | Path, profile: CostProfile) -> Path:
     """Write ``profile`` to ``path`` (YAML or JSON by suffix); return the path."""
     path = Path(path)
     kind = _format(path)
-    data = profile_to_dict(profile)
+    data = cost_profile_to_dict(profile)
     if kind == "yaml":
         text = yaml.safe_dump(data, sort_keys=False)
     else:
