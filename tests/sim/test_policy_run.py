@@ -24,7 +24,7 @@ from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
 from pearl.sim.policy_run import RLSetting, run_policy
 from pearl.sim.shapes import load_model_shape
-from pearl.workloads.agentic import generate_batch
+from pearl.workloads.agentic import generate_batch, step_batch
 from pearl.workloads.availability import (
     SEGMENTS,
     AvailabilityTrace,
@@ -68,7 +68,7 @@ def setting(duration_s=150.0, seed=0, **kw):
 def check_run(result, s):
     assert result.records, "no step completed"
     for rec in result.records:
-        batch = generate_batch(s.profile, seed=s.seed * 100_003 + rec.step)
+        batch = step_batch(s.profile, s.seed, rec.step)
         # Every trajectory of the batch completed exactly once ...
         assert sorted(t.session_id for t in rec.result.trajectories) == sorted(
             f"{t.task_id}/{t.index_in_group}" for t in batch.trajectories

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pearl.engine.scheduler import SchedulerConfig
+from pearl.engine.scheduler import SchedulerConfig, SchedulingMode
 from pearl.engine.sequence import Role
 
 
@@ -21,7 +21,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     role: Role = Role.COLOCATED
     local_prefill_max_tokens: int = 0
-    scheduling: str = "mixed"  # SchedulingMode: "mixed" or "sglang"
+    scheduling: SchedulingMode | str = "mixed"  # "mixed" or "sglang"
     chunked_prefill_size: int = 8192  # sglang mode
     max_prefill_tokens: int = 16384  # sglang mode
     model_id: str | None = None  # default: derived from the model config
@@ -42,7 +42,7 @@ class EngineConfig:
             role=role,
             local_prefill_max_tokens=self.local_prefill_max_tokens,
             eos_token_ids=eos_token_ids,
-            mode=self.scheduling,
+            mode=self.scheduling,  # type: ignore[arg-type]  # validated by SchedulerConfig
             chunked_prefill_size=self.chunked_prefill_size,
             max_prefill_tokens=self.max_prefill_tokens,
         )

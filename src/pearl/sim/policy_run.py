@@ -27,7 +27,7 @@ from pearl.sim.costmodel import CostModel
 from pearl.sim.network import Network
 from pearl.sim.worker import SimEngineConfig, TimeUse
 from pearl.sim.world import SimWorld, prior_params
-from pearl.workloads.agentic import generate_batch
+from pearl.workloads.agentic import step_batch
 from pearl.workloads.availability import AvailabilityTrace
 from pearl.workloads.profiles import AgenticProfile
 
@@ -293,7 +293,7 @@ def run_policy(
         profile = setting.profile
         breakdown = TimeBreakdown(plane, active)
         records = await driver.run(
-            lambda i: generate_batch(profile, seed=setting.seed * 100_003 + i),
+            lambda i: step_batch(profile, setting.seed, i),
             AgentLoopConfig(vocab_size=cost.model.vocab_size),
             PipelineConfig(
                 num_steps=1_000_000,

@@ -145,3 +145,9 @@ def generate_batch(
 # ---------------------------------------------------------------------------
 # Summary statistics
 # ---------------------------------------------------------------------------
+
+
+def step_batch(profile: AgenticProfile, seed: int, step: int) -> RolloutBatch:
+    """The rollout batch of RL step ``step`` in a run of workload seed ``seed`` (every step
+    a different batch; the same one for every policy and every replay)."""
+    return generate_batch(profile, seed=seed * 100_003 + step)

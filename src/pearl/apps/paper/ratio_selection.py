@@ -20,7 +20,7 @@ from pearl.sim.costmodel import CostModel
 from pearl.sim.fixed import deployments_for, simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig
 from pearl.sim.world import iteration_observer, prior_params
-from pearl.workloads.agentic import generate_batch
+from pearl.workloads.agentic import step_batch
 from pearl.workloads.profiles import AgenticProfile
 
 
@@ -95,7 +95,7 @@ def select_and_replay(
     observe = iteration_observer(tracker)
 
     def batch(i: int):
-        return generate_batch(profile, seed=seed * 100_003 + i)
+        return step_batch(profile, seed, i)
 
     vocab = cost.model.vocab_size
     previous = simulate_fixed_rollout(
