@@ -492,13 +492,8 @@ def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
         if o.telemetry.submitted_at > at + 1e-6
     ]
     assert late, "no turn started after the change"
-    # None: a one-token turn needs no decode worker, a small append is prefilled where its
-    # KV lives (the decode worker)
-    if to == "1P1D":  # after the switch: prefill on w0, decode on w1
-        assert all(t.prefill_worker in ("w0", None) for t in late)
-        assert all(t.decode_worker in ("w1", None) for t in late)
-        assert any((t.prefill_worker, t.decode_worker) == ("w0", "w1") for t in late)
-    else:  # after the shrink only w0 serves
-        assert all({t.prefill_worker, t.decode_worker} <= {"w0", None} for t in late)
+    from scripted_checks import assert_served_by_new_topology
+
+    assert_served_by_new_topology(late, to)
     with pytest.raises(ValueError, match="servable topology"):
         ScriptedChange(1.0, Topology(prefill=1))
