@@ -428,3 +428,20 @@ def test_fingerprint_samples_stay_inside_large_parameters(n):
     index = spread_indices(n, 64)
     assert len(index) == min(n, 64) and int(index[0]) == 0 and int(index[-1]) == n - 1
     assert bool((index[1:] > index[:-1]).all())
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_weights_landing_mid_rollout_flush_the_cache_only_when_configured(tiny_config, flush):
+    """``flush_cache_on_weight_update`` (SGLang's flush_cache=True), the live engine's as the
+    simulated one's: a finished turn's pinned session is dropped with the new weights, so
+    the next turn re-prefills its whole context; without it the session is kept."""
+    eng = make_engine(tiny_config, flush_cache_on_weight_update=flush)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=4)
+    prompt = prompts(1, [10])[0]
+    eng.generate([Request("t0", prompt, sp, session_id="s", pin_session=True)])
+    eng.add_request(Request("other", prompts(1, [6], seed=1)[0], sp))
+    eng.step()  # a request in flight: the update lands between iterations
+    state = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    eng.load_weights(state, 1, in_flight=True)
+    assert eng.weight_version == 1
+    assert eng.session_length("s") == (0 if flush else len(prompt) + 3)
