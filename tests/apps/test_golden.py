@@ -2,9 +2,10 @@
 
 A refactor or a speed change leaves every simulated number as it was; these digests of
 ``metrics.jsonl``, ``events.jsonl`` and ``table.md`` (wall-clock fields left out) catch
-any drift. The digests were taken from the code before the ``pearl.apps`` move (issue 19)
-and hold after it. A deliberate model change updates them in the same commit and says
-why in its message.
+any drift. They were taken from the code before the ``pearl.apps`` move (issue 19) and held
+after it; the RL digest then changed once, by adding the per-step prefill record (the same
+run with those three keys removed still gives the old digest). A deliberate change to
+what is simulated or recorded updates them in the same commit and says why.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "9915cc2f204ee4e8"
+RL_DIGEST = "1b90451b8c3ff4b9"  # + per-step prefill tokens and cache hit rate (issue 20)
 ROLLOUT_DIGEST = "4ae8eecc3e37b02f"
 
 

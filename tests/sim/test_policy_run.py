@@ -497,3 +497,28 @@ def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
     assert_served_by_new_topology(late, to)
     with pytest.raises(ValueError, match="servable topology"):
         ScriptedChange(1.0, Topology(prefill=1))
+
+
+def test_each_step_records_its_prefill_work_and_flushing_the_cache_lowers_the_hit_rate():
+    """Per step: prompt tokens computed and served from cached KV, and the hit rate. An
+    engine that flushes its prefix cache at every weight update (SGLang's default) must
+    recompute what the kept sessions would have served."""
+    from pearl.control.policies import get_policy
+    from pearl.sim.worker import SimEngineConfig
+
+    rates = {}
+    for flush in (False, True):
+        engine = SimEngineConfig(scheduling="sglang", flush_cache_on_weight_update=flush)
+        result = run_policy(setting(duration_s=300.0, engine=engine), get_policy("roll"))
+        rows = result.step_rows()
+        assert len(rows) >= 3
+        for row in rows:
+            computed = row["rollout/prefill_tokens_computed"]
+            cached = row["rollout/prefill_tokens_cached"]
+            assert computed > 0 and cached >= 0
+            assert row["rollout/prefix_cache_hit_rate"] == pytest.approx(
+                cached / (computed + cached)
+            )
+        later = rows[1:]  # step 0 starts from an empty cache either way
+        rates[flush] = sum(r["rollout/prefix_cache_hit_rate"] for r in later) / len(later)
+    assert rates[True] < rates[False]

@@ -32,6 +32,15 @@ class BatchResult:
     def num_turns(self) -> int:
         return sum(len(t.turns) for t in self.trajectories)
 
+    def prefill_tokens(self) -> tuple[int, int]:
+        """(computed, served from cached KV) prompt tokens over the batch's turns."""
+        computed = cached = 0
+        for t in self.trajectories:
+            for o in t.turns:
+                computed += o.telemetry.prefill_tokens_computed
+                cached += o.telemetry.prefill_tokens_cached
+        return computed, cached
+
     def turn_latencies(self) -> list[float]:
         return [
             o.telemetry.finished_at - o.telemetry.submitted_at

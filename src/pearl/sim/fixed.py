@@ -137,6 +137,7 @@ class FixedRolloutReport:
         wall = time.perf_counter() - wall_started
         turns = [o for t in result.trajectories for o in t.turns]
         workers = cluster.workers
+        computed, cached = result.prefill_tokens()
         return cls(
             deployment=deployment.label,
             makespan_s=result.makespan_s,
@@ -147,8 +148,8 @@ class FixedRolloutReport:
             timer_events=timer_events,
             wall_s=wall,
             kv_bytes_moved=sum(o.telemetry.kv_bytes_moved for o in turns),
-            prefill_tokens_computed=sum(o.telemetry.prefill_tokens_computed for o in turns),
-            prefill_tokens_cached=sum(o.telemetry.prefill_tokens_cached for o in turns),
+            prefill_tokens_computed=computed,
+            prefill_tokens_cached=cached,
             mean_turn_latency_s=sum(result.turn_latencies()) / max(1, len(turns)),
             worker_busy_fraction=[
                 w.counters.busy_s / max(result.makespan_s, 1e-9) for w in workers

@@ -124,11 +124,26 @@ class RLRunResult:
                         self.rollout_gpus, previous, rec.sync_finished
                     ),
                     "weights/oldest_version": rec.weight_versions[0],
+                    **_prefill_record(rec),
                     **{f"time/{k}_s": v for k, v in rec.time_breakdown.items()},
                 }
             )
             previous = rec.sync_finished
         return rows
+
+
+def _prefill_record(rec: StepRecord) -> dict[str, float]:
+    """The step's prompt tokens computed and served from cached KV (prefix cache or a
+    session's kept KV), and the hit rate: how much of the prefill work reuse saved."""
+    if rec.result is None:
+        return {}
+    computed, cached = rec.result.prefill_tokens()
+    total = computed + cached
+    return {
+        "rollout/prefill_tokens_computed": computed,
+        "rollout/prefill_tokens_cached": cached,
+        "rollout/prefix_cache_hit_rate": cached / total if total else 0.0,
+    }
 
 
 def _mean_level(levels: list[tuple[float, int]], start: float, end: float) -> float:
