@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from pearl.apps.paper.ratio_selection import select_and_replay
+from pearl.apps.paper.ratio_selection import model_accuracy, select_and_replay
 from pearl.config import load_simulate_config
 from pearl.control.decision import DecisionConfig
 from pearl.sim.build import build_cost_model, engine_config
@@ -78,8 +78,15 @@ def main() -> None:
     print("|---:|---:|---|---|---:|")
     for s in results:
         print(f"| {s.workers} | {s.step} | {s.chosen} | {s.best.label} | {100 * s.gap:+.1f}% |")
+    accuracy = model_accuracy(results)
     print(
-        f"\nmedian gap {100 * median(gaps):+.2f}%; hindsight-best disaggregated in "
+        f"\nmakespan model, predicted / replayed (median): colocated "
+        f"{accuracy['median_ratio_colocated']:.2f}, disaggregated "
+        f"{accuracy['median_ratio_disaggregated']:.2f}; candidate pairs ordered as replayed: "
+        f"{100 * accuracy['pairs_ordered_as_replayed']:.0f}% (target: 0.85-1.15 both, ranking kept)"
+    )
+    print(
+        f"median gap {100 * median(gaps):+.2f}%; hindsight-best disaggregated in "
         f"{len(best_disagg)} of {len(results)} steps, engine chose disaggregation in {picked} "
         f"of those; {time.perf_counter() - start:.0f} s"
     )
@@ -91,6 +98,7 @@ def main() -> None:
                 "config": Path(args.config).name,
                 "overrides": args.overrides,
                 "median_gap": median(gaps),
+                "model_accuracy": accuracy,
                 "steps": [s.to_dict() for s in results],
             },
             indent=2,

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from pearl.apps.paper.ratio_selection import select_and_replay
 from pearl.apps.paper.regime import RegimeSetting, Row, measure
 from pearl.sim.costmodel import CostModel
@@ -31,3 +33,24 @@ def test_ratio_selection_replays_every_candidate_and_measures_the_gap():
     assert sel.chosen in {c.label for c in sel.candidates}
     assert sel.best.simulated_s == min(c.simulated_s for c in sel.candidates)
     assert sel.gap >= 0 and sel.to_dict()["best"] == sel.best.label
+
+
+def test_model_accuracy_separates_the_modes_and_counts_ordered_pairs():
+    from pearl.apps.paper.ratio_selection import CandidateOutcome, StepSelection, model_accuracy
+
+    step = StepSelection(
+        1,
+        4,
+        (
+            CandidateOutcome("4C", 110.0, 100.0, True),  # 1.1
+            CandidateOutcome("1P3D", 200.0, 100.0, True),  # 2.0: the model is biased against PD
+            CandidateOutcome("2P2D", 240.0, 120.0, True),  # 2.0
+            CandidateOutcome("3P1D", 900.0, None, False),  # infeasible: not replayed
+        ),
+        "4C",
+    )
+    acc = model_accuracy([step])
+    assert acc["median_ratio_colocated"] == pytest.approx(1.1)
+    assert acc["median_ratio_disaggregated"] == pytest.approx(2.0)
+    # pairs: 4C<1P3D predicted but tied replayed (disagree), 4C<2P2D (agree), 1P3D<2P2D (agree)
+    assert acc["pairs_ordered_as_replayed"] == pytest.approx(2 / 3)

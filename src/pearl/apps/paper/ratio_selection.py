@@ -10,6 +10,8 @@ makespan and the best one's measures the decision model itself.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,6 +76,27 @@ class StepSelection:
                 for c in self.candidates
             ],
         }
+
+
+def model_accuracy(steps: list[StepSelection]) -> dict[str, float]:
+    """How well the makespan model predicts the replay: the median predicted / replayed
+    makespan over every replayed candidate, separately for colocated and disaggregated
+    ones (a model whose error favours one mode picks it wrongly), and the share of
+    candidate pairs of a step the model orders as the replay does (1.0: ranking kept)."""
+    ratios: dict[str, list[float]] = {"colocated": [], "disaggregated": []}
+    agree = pairs = 0
+    for sel in steps:
+        replayed = [c for c in sel.candidates if c.simulated_s]
+        for c in replayed:
+            mode = "colocated" if c.label.endswith("C") else "disaggregated"
+            ratios[mode].append(c.predicted_s / c.simulated_s)
+        for i, a in enumerate(replayed):
+            for b in replayed[i + 1 :]:
+                pairs += 1
+                agree += (a.predicted_s < b.predicted_s) == (a.simulated_s < b.simulated_s)
+    out = {f"median_ratio_{m}": statistics.median(r) if r else math.nan for m, r in ratios.items()}
+    out["pairs_ordered_as_replayed"] = agree / pairs if pairs else math.nan
+    return out
 
 
 def select_and_replay(
