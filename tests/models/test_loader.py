@@ -396,3 +396,26 @@ def test_missing_tokenizer_json(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="tokenizer.json not found"):
         Tokenizer(tmp_path)
+
+
+def test_one_parse_serves_engine_and_simulator_with_clear_limits():
+    """The engine refuses what its decoder cannot run (MoE); the simulator reads it. Null
+    optional fields count as absent, integral floats as integers."""
+    moe = {
+        "model_type": "qwen3_moe",
+        **BASE,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+    }
+    with pytest.raises(ConfigError, match="model_type 'qwen3_moe' is not supported"):
+        ModelConfig.from_dict(moe)
+    with pytest.raises(ConfigError, match="mixture-of-experts.*simulator only"):
+        ModelConfig.from_dict({**moe, "model_type": "qwen3"})
+    parsed = ModelConfig.from_dict(moe, for_engine=False)
+    assert (parsed.num_experts, parsed.moe_intermediate_size) == (8, 32)
+    dense = ModelConfig.from_dict(
+        {"model_type": "qwen3", **BASE, "num_experts": None, "max_position_embeddings": 2048.0}
+    )
+    assert dense.num_experts == 0 and dense.max_position_embeddings == 2048
+    assert ModelConfig.from_dict({"model_type": "qwen3", **BASE}).context_limit == 4096

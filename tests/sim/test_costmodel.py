@@ -348,3 +348,24 @@ def test_large_tp_allreduces_match_measured_nccl_bandwidth():
         if size >= 1 << 24:  # bandwidth-bound: the ring formula holds within 25%
             ratio = allreduce_seconds(size, gpus, link, CostConstants()) / seconds
             assert 0.75 < ratio < 1.25, (gpus, size, ratio)
+
+
+def test_a_shape_reads_its_architecture_fields_but_not_the_cpu_engines_properties():
+    from pearl.models.config import ModelConfig
+
+    llama = ModelConfig.from_dict(
+        {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+        },
+    )
+    shape = ModelShape.from_model_config(llama, "l")
+    assert shape.hidden_size == 64 and hash(shape) == hash(dataclasses.replace(shape))
+    assert shape.kv_bytes_per_token == 2 * 2 * 4 * 16 * 2  # bf16 KV, not the engine's fp32
+    with pytest.raises(AttributeError):
+        shape.context_limit  # noqa: B018 - an engine property, not a shape field

@@ -73,10 +73,11 @@ class Availability:
 
     @classmethod
     def from_changes(cls, changes: Sequence[tuple[float, int]]) -> Availability:
-        """From ``(seconds, GPUs)`` changes: the count at 0 is the last change at or before
-        0 (none: 0); the mean is the step function's over [0, last change] (its last value
-        when nothing changes later)."""
-        ordered = sorted(changes)
+        """From ``(seconds, GPUs)`` changes, in time order (of two changes at one time the one
+        listed last holds): the count at 0 is the last change at or before 0 (none: 0); the
+        mean is the step function's over [0, last change] (its last value when nothing
+        changes later)."""
+        ordered = sorted(changes, key=lambda change: change[0])
         initial = 0
         for t, n in ordered:
             if t <= 0:

@@ -9,7 +9,7 @@ from pearl.engine.scheduler import SchedulerConfig, SchedulingMode
 from pearl.engine.sequence import Role
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class EngineConfig:
     """Capacity and batching of one engine: the live engine's (``LLMEngine``) and, with a
     few simulation-only fields added, the simulated worker's (``pearl.sim.worker``)."""

@@ -116,7 +116,7 @@ class ModelConfig:
         def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
             return _integer(raw, source, key, default, minimum)
 
-        heads, kv_heads, head_dim = _attention_heads(raw, source)
+        heads, kv_heads, head_dim = _attention_heads(raw, source, for_engine)
         moe = _moe_fields(raw, source, for_engine)
         act = raw.get("hidden_act", "silu")
         if for_engine and act != "silu":
@@ -144,7 +144,7 @@ class ModelConfig:
             max_position_embeddings=None
             if context is None
             else integer("max_position_embeddings", context),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_number(raw, source, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -213,6 +213,8 @@ class ModelConfig:
 def _rope(raw: Mapping[str, Any], source: str, for_engine: bool) -> tuple[float, dict | None]:
     """``rope_theta`` and ``rope_scaling`` (transformers >= 5 writes both under
     ``rope_parameters``); the engine implements default and llama3 scaling."""
+    if not for_engine:  # the cost model does not read the rotary embedding
+        return 10000.0, None
     rope_theta = raw.get("rope_theta")
     rope_scaling = raw.get("rope_scaling")
     rope_params = raw.get("rope_parameters")
@@ -234,7 +236,7 @@ def _rope(raw: Mapping[str, Any], source: str, for_engine: bool) -> tuple[float,
                 f"{source}: rope_scaling must be an object or null, got {rope_scaling!r}"
             )
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-        if for_engine and kind not in ("default", "llama3"):
+        if kind not in ("default", "llama3"):
             raise ConfigError(
                 f"{source}: rope_scaling type {kind!r} is not supported; supported: default, llama3"
             )
@@ -245,16 +247,31 @@ def _integer(
     raw: Mapping[str, Any], source: str, key: str, default: int | None = None, minimum: int = 1
 ) -> int:
     """Field ``key`` as an integer >= ``minimum`` (``default`` when absent; None: required)."""
-    value = raw.get(key, default)
+    value = raw.get(key)
+    if value is None:  # absent or null
+        value = default
     if value is None:
         raise ConfigError(f"{source}: required field {key!r} is missing")
+    if isinstance(value, float) and value.is_integer():  # 4096.0 in a hand-written config
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{source}: field {key!r} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
-def _attention_heads(raw: Mapping[str, Any], source: str) -> tuple[int, int, int]:
-    """(query heads, KV heads dividing them, an even head_dim; hidden / heads by default)."""
+def _number(raw: Mapping[str, Any], source: str, key: str, default: float) -> float:
+    """Field ``key`` as a float (``default`` when absent or null)."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{source}: field {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _attention_heads(raw: Mapping[str, Any], source: str, for_engine: bool) -> tuple[int, int, int]:
+    """(query heads, KV heads dividing them, head_dim: hidden / heads by default; even for
+    the engine's rotary embedding)."""
     heads = _integer(raw, source, "num_attention_heads")
     hidden = _integer(raw, source, "hidden_size")
     kv_heads = raw.get("num_key_value_heads") or heads
@@ -264,7 +281,7 @@ def _attention_heads(raw: Mapping[str, Any], source: str) -> tuple[int, int, int
             f"num_attention_heads {heads}"
         )
     head_dim = raw.get("head_dim") or hidden // heads
-    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+    if not isinstance(head_dim, int) or head_dim <= 0 or (for_engine and head_dim % 2):
         raise ConfigError(f"{source}: head_dim {head_dim!r} must be a positive even integer")
     return heads, kv_heads, head_dim
 

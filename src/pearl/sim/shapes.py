@@ -10,6 +10,7 @@ No torch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 
 from pearl.errors import ConfigError
 from pearl.models.config import ModelConfig
+
+_ARCHITECTURE_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 
 BF16_BYTES = 2
 """Bytes per bf16 value: the default weight and KV dtype on GPUs."""
@@ -38,9 +41,20 @@ class ModelShape:
     """Bytes per cached key/value element."""
 
     def __getattr__(self, field: str) -> Any:
-        if field.startswith("__") or field == "architecture":  # unpickling, copying
-            raise AttributeError(field)
-        return getattr(self.architecture, field)
+        # Only ModelConfig's fields read through (not its properties, whose CPU-engine
+        # assumptions, e.g. float32 KV, are not the shape's); unpickling asks for
+        # "architecture" before it is set.
+        if field in _ARCHITECTURE_FIELDS:
+            return getattr(self.architecture, field)
+        raise AttributeError(f"{type(self).__name__} has no attribute {field!r}")
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head query/key norms (Qwen3, Qwen3-MoE): 2 x head_dim weights per layer."""
+        return self.architecture.qk_norm
+
+    def __hash__(self) -> int:  # the architecture holds a dict (rope_scaling): hash a digest
+        return hash((self.name, self.dtype_bytes, self.kv_dtype_bytes, self.num_hidden_layers))
 
     def __post_init__(self) -> None:
         for key in ("dtype_bytes", "kv_dtype_bytes"):

@@ -43,7 +43,7 @@ class IterationCost(Protocol):
     def decode_times(self, batch_size: int, total_context: int, steps: int) -> list[float]: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class SimEngineConfig(EngineConfig):
     """The engine's configuration (``EngineConfig``: capacity, batching, scheduling mode)
     plus what only a simulated worker has. Capacity defaults are a GPU worker's, not the
