@@ -3,8 +3,9 @@
 A refactor or a speed change leaves every simulated number as it was; these digests of
 ``metrics.jsonl``, ``events.jsonl`` and ``table.md`` (wall-clock fields left out) catch
 any drift. They were taken from the code before the ``pearl.apps`` move (issue 19) and held
-after it; the RL digest then changed once, by adding the per-step prefill record (the same
-run with those three keys removed still gives the old digest). A deliberate change to
+after it; the RL digest then changed twice in issue 20: by adding the per-step prefill record
+(the same run with those three keys removed still gives the old digest), and by the new
+makespan model (``pearl.control.makespan``: pearl's decisions and predictions differ). A deliberate change to
 what is simulated or recorded updates them in the same commit and says why.
 """
 
@@ -23,7 +24,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "1b90451b8c3ff4b9"  # + per-step prefill tokens and cache hit rate (issue 20)
+RL_DIGEST = "75fa117c63c45660"  # issue 20: the makespan model of pearl.control.makespan
 ROLLOUT_DIGEST = "4ae8eecc3e37b02f"
 
 

@@ -102,6 +102,30 @@ def test_workload_shape_and_bubbles_come_from_trajectory_telemetry():
     assert params.bubble_ratio == pytest.approx((1 - f) / f)
 
 
+def test_the_critical_path_follows_the_slowest_trajectory_and_the_load_the_whole_batch():
+    """S, r, dL and T_env are the last trajectory to finish's (not the maxima of different
+    trajectories); W_D and W_P are the batch's means."""
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    many = TurnObservation(100, 10, 0, env_time_s=1.0, decode_s=0.1)
+    long = TurnObservation(300, 500, 20, env_time_s=30.0, decode_s=5.0)
+    tr.observe_trajectory(TrajectoryObservation((many,) * 10, lifetime_s=20))  # most turns
+    tr.observe_trajectory(TrajectoryObservation((long,) * 3, lifetime_s=110))  # finishes last
+    params = tr.end_step(batch_size=2, makespan_s=110)
+    assert (params.turns, params.decode_tokens_per_turn) == (3, 500)
+    assert params.appended_tokens_per_turn == 320 and params.env_time_s == 90
+    assert params.decode_tokens_per_trajectory == (100 + 1500) / 2
+    assert params.prefill_tokens_per_trajectory == (1000 + 960) / 2
+
+
+def test_iteration_costs_come_from_the_last_step_only():
+    tr = RuntimeTracker(PRIOR, alpha=1.0)
+    for step, fixed in enumerate((0.01, 0.03)):
+        for n in range(1, 17):
+            tr.observe_iteration(IterationObservation(n, 0, fixed + 0.001 * n))
+        params = tr.end_step(batch_size=1, makespan_s=1)
+        assert params.decode_step_fixed_s == pytest.approx(fixed), step
+
+
 def test_parameters_are_smoothed_across_steps():
     tr = RuntimeTracker(PRIOR, alpha=0.5)
     for gen in (100, 200):

@@ -1,5 +1,6 @@
 """The PD Decision Engine: predict the rollout-batch makespan of colocation and of every
-disaggregated split, drop infeasible splits, and pick one with mode-dependent hysteresis.
+disaggregated split (``pearl.control.makespan``), drop infeasible splits, and pick one with
+mode-dependent hysteresis.
 
 Also the intra-scale benefit gate that decides whether borrowing training GPUs pays off.
 """
@@ -7,143 +8,12 @@ Also the intra-scale benefit gate that decides whether borrowing training GPUs p
 from __future__ import annotations
 
 import enum
-import math
-import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from pearl.control.makespan import DecisionError, Prediction, WorkloadParams, predict
 from pearl.control.state import Mode, Topology
-from pearl.errors import PearlError
 
-
-class DecisionError(PearlError, ValueError):
-    """A decision input is out of range (a model parameter, a worker budget, a threshold)."""
-
-
-@dataclass(slots=True, frozen=True)
-class WorkloadParams:
-    """The makespan model's parameters (SPEC symbols in brackets); refit after every step.
-
-    Times in seconds, sizes in bytes. Fields are in the order S, r, dL, theta, A, b,
-    t_prefill, T_over, T_env, K, BW, K_seq, H_max, B.
-    """
-
-    turns: float
-    """[S] interaction turns of the slowest trajectory."""
-    decode_tokens_per_turn: float
-    """[r] tokens generated per turn."""
-    appended_tokens_per_turn: float
-    """[dL] prompt tokens appended per turn (response tail + observation) that need prefill."""
-    bubble_ratio: float
-    """[theta] ``(1 - f) / f``, f the average fraction of trajectories actively decoding."""
-    decode_step_fixed_s: float
-    """[A] fixed cost of one decode iteration (weight reads, launch)."""
-    decode_step_per_sequence_s: float
-    """[b] marginal decode-iteration cost per extra concurrent sequence (mostly KV reads)."""
-    prefill_s_per_token: float
-    """[t_prefill] prefill time per token on one worker."""
-    switch_overhead_s: float
-    """[T_over] per-turn prefill/decode switching overhead under colocation."""
-    env_time_s: float
-    """[T_env] environment time (added once to the batch makespan)."""
-    kv_bytes_per_token: float
-    """[K] KV-cache bytes per token moved from a prefill to a decode worker."""
-    pd_bandwidth_bytes_per_s: float
-    """[BW] KV bandwidth of one prefill -> decode worker link (``inf``: transfer is free).
-    The pools move KV over ``min(N_P, N_D)`` such links at once."""
-    kv_bytes_per_trajectory: float
-    """[K_seq] KV-cache bytes one trajectory holds at its longest."""
-    kv_capacity_bytes_per_worker: float
-    """[H_max] KV-cache memory of one worker (``inf``: never binding)."""
-    batch_trajectories: int
-    """[B] trajectories in the rollout batch."""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-                raise DecisionError(f"WorkloadParams.{f.name} must be a number, got {value!r}")
-            positive = f.name in (
-                "pd_bandwidth_bytes_per_s",
-                "kv_capacity_bytes_per_worker",
-                "batch_trajectories",
-            )
-            if positive and value <= 0:  # NaN was rejected above
-                raise DecisionError(f"WorkloadParams.{f.name} must be > 0, got {value!r}")
-            if value < 0:
-                raise DecisionError(f"WorkloadParams.{f.name} must be >= 0, got {value!r}")
-            if math.isinf(value) and f.name not in (
-                "pd_bandwidth_bytes_per_s",
-                "kv_capacity_bytes_per_worker",
-            ):
-                raise DecisionError(f"WorkloadParams.{f.name} must be finite, got {value!r}")
-
-
-def bubble_ratio(active_fraction: float) -> float:
-    """``theta = (1 - f) / f`` from f, the average fraction of trajectories actively decoding."""
-    if not 0 < active_fraction <= 1:
-        raise DecisionError(f"active decoding fraction f must be in (0, 1], got {active_fraction}")
-    return (1 - active_fraction) / active_fraction
-
-
-# --- Bubble-aware makespan models -----------------------------------------------------------
-
-
-def colocated_makespan(p: WorkloadParams, workers: int) -> float:
-    """Batch makespan with ``workers`` (N) colocated workers; decode batch fixed at B/N."""
-    _require_workers("colocated workers N", workers)
-    S, r, dL = p.turns, p.decode_tokens_per_turn, p.appended_tokens_per_turn
-    A, b, t_prefill = p.decode_step_fixed_s, p.decode_step_per_sequence_s, p.prefill_s_per_token
-    B, N, T_over, T_env = p.batch_trajectories, workers, p.switch_overhead_s, p.env_time_s
-    # T_coloc = S * [ (B*dL/N) * t_prefill + r*(A + b*B/N) + T_over ] + T_env
-    return S * ((B * dL / N) * t_prefill + r * (A + b * B / N) + T_over) + T_env
-
-
-def decode_path_makespan(p: WorkloadParams, decode_workers: int) -> float:
-    """Decode path of a split with ``decode_workers`` (N_D): concurrency shrunk by bubbles."""
-    _require_workers("decode workers N_D", decode_workers)
-    S, r, theta = p.turns, p.decode_tokens_per_turn, p.bubble_ratio
-    A, b = p.decode_step_fixed_s, p.decode_step_per_sequence_s
-    B, N_D = p.batch_trajectories, decode_workers
-    # T_decode = S * r * (A + b*B/(N_D*(1+theta))) * (1+theta)
-    return S * r * (A + b * B / (N_D * (1 + theta))) * (1 + theta)
-
-
-def prefill_path_makespan(p: WorkloadParams, prefill_workers: int, decode_workers: int) -> float:
-    """Prefill path of a split with ``prefill_workers`` (N_P) and ``decode_workers`` (N_D),
-    plus an uncontended KV transfer over the pools' links."""
-    _require_workers("prefill workers N_P", prefill_workers)
-    _require_workers("decode workers N_D", decode_workers)
-    S, dL, B, N_P = p.turns, p.appended_tokens_per_turn, p.batch_trajectories, prefill_workers
-    t_prefill, K = p.prefill_s_per_token, p.kv_bytes_per_token
-    # The paper's BW is the bandwidth between the pools; with per-link BW, that is
-    # min(N_P, N_D) links moving KV at once (each worker has its own NICs).
-    BW = p.pd_bandwidth_bytes_per_s * min(N_P, decode_workers)
-    # T_prefill = S * ( B*dL*t_prefill/N_P + B*dL*K/BW )
-    return S * (B * dL * t_prefill / N_P + B * dL * K / BW)
-
-
-def disaggregated_makespan(p: WorkloadParams, prefill_workers: int, decode_workers: int) -> float:
-    """``T_dis = max(T_prefill, T_decode) + T_env``."""
-    T_prefill = prefill_path_makespan(p, prefill_workers, decode_workers)
-    T_decode = decode_path_makespan(p, decode_workers)
-    return max(T_prefill, T_decode) + p.env_time_s
-
-
-def predict_makespan(p: WorkloadParams, topology: Topology) -> float:
-    """Predicted batch makespan of a valid topology (``T_coloc`` or ``T_dis``)."""
-    if not topology.is_valid:
-        raise DecisionError(
-            f"cannot predict topology {topology}: it must be fully colocated or have "
-            ">= 1 prefill and >= 1 decode worker"
-        )
-    if topology.mode is Mode.COLOCATED:
-        return colocated_makespan(p, topology.colocated)
-    return disaggregated_makespan(p, topology.prefill, topology.decode)
-
-
-def _require_workers(what: str, n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise DecisionError(f"{what} must be an int >= 1, got {n!r}")
+__all__ = ["DecisionError", "WorkloadParams"]  # re-exported: the engine's inputs
 
 
 # --- Feasibility and candidates ------------------------------------------------------------
@@ -151,14 +21,16 @@ def _require_workers(what: str, n: int) -> None:
 
 @dataclass(slots=True, frozen=True)
 class DecisionConfig:
-    """Hysteresis thresholds and the prefill-capacity slack (relative makespan gains)."""
+    """Hysteresis thresholds (relative makespan gains) and the prefill pool's load limit."""
 
     mode_switch_threshold: float = 0.05
     """Colocation <-> disaggregation only if the predicted makespan drops by more than this."""
     ratio_change_threshold: float = 0.02
     """A new N_P:N_D split only if the predicted makespan drops by more than this."""
-    prefill_slack: float = 0.0
-    """Prefill capacity: a split is feasible only if ``T_prefill <= (1 + slack) * T_decode``."""
+    max_prefill_utilization: float = 0.9
+    """Prefill capacity: a split is feasible only if its prefill pool is busy at most this
+    fraction of the predicted makespan (at 0.9 a prompt already queues 4.5x its own prefill
+    time on average; above it the queue, not the model, sets the makespan)."""
     mode_hysteresis_when_forced: bool = True
     """On a forced change, still require the mode threshold to leave the current mode."""
 
@@ -167,9 +39,10 @@ class DecisionConfig:
             value = getattr(self, name)
             if not 0 <= value < 1:
                 raise DecisionError(f"DecisionConfig.{name} must be in [0, 1), got {value!r}")
-        if not self.prefill_slack >= 0:  # also rejects NaN; inf disables the check
+        if not 0 < self.max_prefill_utilization <= 1:  # also rejects NaN
             raise DecisionError(
-                f"DecisionConfig.prefill_slack must be >= 0 (inf disables), got {self.prefill_slack!r}"
+                "DecisionConfig.max_prefill_utilization must be in (0, 1], "
+                f"got {self.max_prefill_utilization!r}"
             )
 
 
@@ -181,39 +54,36 @@ class Infeasibility(enum.StrEnum):
 
 
 def split_violations(
-    p: WorkloadParams, prefill_workers: int, decode_workers: int, config: DecisionConfig
+    p: WorkloadParams, prediction: Prediction, decode_workers: int, config: DecisionConfig
 ) -> tuple[Infeasibility, ...]:
-    """The capacity constraints a split breaks (empty: feasible).
+    """The capacity constraints a predicted split breaks (empty: feasible).
 
-    KV: ``B*K_seq <= N_D*H_max``. Prefill: the pool must absorb ``B*S*dL`` tokens per step
-    without queues that stall decode; operationalized as the prefill path (compute plus KV
-    transfer) keeping pace with the decode path it feeds, ``T_prefill <= (1+slack)*T_decode``.
+    KV: ``B*K_seq <= N_D*H_max``. Prefill: the pool must absorb the batch's prompt tokens
+    without queues that stall decode: its utilization over the predicted makespan stays at
+    most ``max_prefill_utilization``.
     """
-    B, K_seq, H_max, N_D = (
-        p.batch_trajectories,
-        p.kv_bytes_per_trajectory,
-        p.kv_capacity_bytes_per_worker,
-        decode_workers,
-    )
     violations: list[Infeasibility] = []
-    if B * K_seq > N_D * H_max:
+    if p.batch_trajectories * p.kv_bytes_per_trajectory > (
+        decode_workers * p.kv_capacity_bytes_per_worker
+    ):
         violations.append(Infeasibility.KV_MEMORY)
-    T_prefill = prefill_path_makespan(p, prefill_workers, decode_workers)
-    T_decode = decode_path_makespan(p, decode_workers)
-    if T_prefill > (1 + config.prefill_slack) * T_decode:
+    rho = prediction.prefill_utilization
+    if rho is not None and rho > config.max_prefill_utilization:
         violations.append(Infeasibility.PREFILL_BACKLOG)
     return tuple(violations)
 
 
 @dataclass(slots=True, frozen=True)
 class Candidate:
-    """One configuration the engine considered, with its predicted makespan."""
+    """One configuration the engine considered, with its prediction."""
 
     topology: Topology
-    makespan_s: float
-    prefill_path_s: float | None = None  # T_prefill (disaggregated only)
-    decode_path_s: float | None = None  # T_decode (disaggregated only)
+    prediction: Prediction
     violations: tuple[Infeasibility, ...] = ()
+
+    @property
+    def makespan_s(self) -> float:
+        return self.prediction.makespan_s
 
     @property
     def feasible(self) -> bool:
@@ -221,11 +91,14 @@ class Candidate:
 
     def to_dict(self) -> dict:
         """JSON-ready form for events.jsonl."""
+        pred = self.prediction
         return {
             "topology": self.topology.label,
-            "makespan_s": self.makespan_s,
-            "prefill_path_s": self.prefill_path_s,
-            "decode_path_s": self.decode_path_s,
+            "makespan_s": pred.makespan_s,
+            "decode_s": pred.decode_s,
+            "prefill_s": pred.prefill_s,
+            "concurrency": pred.concurrency,
+            "prefill_utilization": pred.prefill_utilization,
             "violations": [str(v) for v in self.violations],
         }
 
@@ -234,20 +107,15 @@ def evaluate_candidates(
     p: WorkloadParams, workers: int, config: DecisionConfig
 ) -> tuple[Candidate, ...]:
     """Colocation with N_k workers, then every split N_P in [1, N_k - 1] (N_D = N_k - N_P)."""
-    _require_workers("available workers N_k", workers)
-    candidates = [Candidate(Topology.colocation(workers), colocated_makespan(p, workers))]
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise DecisionError(f"available workers N_k must be an int >= 1, got {workers!r}")
+    colocated = Topology.colocation(workers)
+    candidates = [Candidate(colocated, predict(p, colocated))]
     for n_p in range(1, workers):
-        n_d = workers - n_p
-        t_p, t_d = prefill_path_makespan(p, n_p, n_d), decode_path_makespan(p, n_d)
-        candidates.append(
-            Candidate(
-                Topology.split(n_p, n_d),
-                max(t_p, t_d) + p.env_time_s,
-                prefill_path_s=t_p,
-                decode_path_s=t_d,
-                violations=split_violations(p, n_p, n_d, config),
-            )
-        )
+        split = Topology.split(n_p, workers - n_p)
+        prediction = predict(p, split)
+        violations = split_violations(p, prediction, split.decode, config)
+        candidates.append(Candidate(split, prediction, violations))
     return tuple(candidates)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pearl.control.agent_loop import TrajectoryResult
-from pearl.control.decision import WorkloadParams
+from pearl.control.makespan import WorkloadParams
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,7 +89,7 @@ class RuntimeTracker:
     """Accumulates one rollout step's observations; ``end_step`` refits ``WorkloadParams``."""
 
     def __init__(
-        self, prior: WorkloadParams, alpha: float = 0.5, iteration_window: int = 4096
+        self, prior: WorkloadParams, alpha: float = 0.5, iteration_window: int = 1 << 17
     ) -> None:
         self.prior = prior
         self.alpha = alpha
@@ -178,6 +178,9 @@ class RuntimeTracker:
         self.params = replace(self.params, batch_trajectories=batch_size, **smoothed)
         self.fit_report = report
         self._trajectories = []
+        # The next fit sees the next step's iterations only: a window reaching back into
+        # this one, or holding only its tail (long contexts, few sequences), biases b.
+        self._iterations.clear()
         self.steps += 1
         return self.params
 
@@ -187,17 +190,24 @@ class RuntimeTracker:
         if trajs:
             turns = [t for tr in trajs for t in tr.turns]
             n_traj, n_turns = len(trajs), len(turns)
-            out["turns"] = FittedParameter(float(max(len(tr.turns) for tr in trajs)), n_traj)
+            # The per-turn terms follow the slowest trajectory (the makespan's critical
+            # path); the batch's load enters through the per-trajectory means.
+            slow = max(trajs, key=lambda tr: tr.lifetime_s).turns
+            out["turns"] = FittedParameter(float(len(slow)), n_traj)
             out["decode_tokens_per_turn"] = FittedParameter(
-                sum(t.generated_tokens for t in turns) / n_turns, n_turns
+                sum(t.generated_tokens for t in slow) / len(slow), len(slow)
             )
             # What a prefill worker must compute per turn: the new observation and the kept
             # response tail (a disaggregated prefill worker never decoded those tokens).
             out["appended_tokens_per_turn"] = FittedParameter(
-                sum(t.appended_tokens + t.kept_tokens for t in turns) / n_turns, n_turns
+                sum(t.appended_tokens + t.kept_tokens for t in slow) / len(slow), len(slow)
             )
-            out["env_time_s"] = FittedParameter(
-                max(sum(t.env_time_s for t in tr.turns) for tr in trajs), n_traj
+            out["env_time_s"] = FittedParameter(sum(t.env_time_s for t in slow), len(slow))
+            out["decode_tokens_per_trajectory"] = FittedParameter(
+                sum(t.generated_tokens for t in turns) / n_traj, n_traj
+            )
+            out["prefill_tokens_per_trajectory"] = FittedParameter(
+                sum(t.appended_tokens + t.kept_tokens for t in turns) / n_traj, n_traj
             )
             contexts = [tr.context_tokens for tr in trajs if tr.context_tokens > 0]
             if contexts:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 
 from pearl.control.composition import WorldLatencies
-from pearl.control.decision import WorkloadParams
 from pearl.control.driver import ForwardingListener
 from pearl.control.interfaces import WorkerRole
+from pearl.control.makespan import WorkloadParams
 from pearl.control.state import WorkerSlot
 from pearl.control.tracker import IterationObservation
 from pearl.engine.config import EngineConfig

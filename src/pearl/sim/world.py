@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pearl.control.composition import WorldLatencies
-from pearl.control.decision import WorkloadParams
 from pearl.control.interfaces import WorkerRole
+from pearl.control.makespan import WorkloadParams
 from pearl.control.rollout_engine import EngineCapabilities
 from pearl.control.state import WorkerSlot, WorkerStatus, WorkerTable, Zone
 from pearl.control.tracker import IterationObservation, RuntimeTracker

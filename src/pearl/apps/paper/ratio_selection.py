@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pearl.control.decision import DecisionConfig, decide
 from pearl.control.deployment import Deployment
+from pearl.control.makespan import paper_makespan
 from pearl.control.tracker import RuntimeTracker
 from pearl.sim.costmodel import CostModel
 from pearl.sim.fixed import deployments_for, simulate_fixed_rollout
@@ -32,6 +33,7 @@ class CandidateOutcome:
     predicted_s: float
     simulated_s: float | None  # None: infeasible for the model and not replayed
     feasible: bool
+    paper_s: float = math.nan  # the paper's closed form (Eqs. 1-3) on the same parameters
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,29 +74,38 @@ class StepSelection:
                     "predicted_s": c.predicted_s,
                     "simulated_s": c.simulated_s,
                     "feasible": c.feasible,
+                    "paper_s": c.paper_s,
                 }
                 for c in self.candidates
             ],
         }
 
 
-def model_accuracy(steps: list[StepSelection]) -> dict[str, float]:
-    """How well the makespan model predicts the replay: the median predicted / replayed
-    makespan over every replayed candidate, separately for colocated and disaggregated
-    ones (a model whose error favours one mode picks it wrongly), and the share of
-    candidate pairs of a step the model orders as the replay does (1.0: ranking kept)."""
+def model_accuracy(steps: list[StepSelection], paper: bool = False) -> dict[str, float]:
+    """How well the makespan model (``paper``: the paper's closed forms) predicts the
+    replay: the median predicted / replayed makespan over every replayed candidate,
+    separately for colocated and disaggregated ones (a model whose error favours one mode
+    picks it wrongly), its range, and the share of candidate pairs of a step the model
+    orders as the replay does (1.0: ranking kept)."""
     ratios: dict[str, list[float]] = {"colocated": [], "disaggregated": []}
     agree = pairs = 0
     for sel in steps:
         replayed = [c for c in sel.candidates if c.simulated_s]
+        predicted = {c.label: c.paper_s if paper else c.predicted_s for c in replayed}
         for c in replayed:
             mode = "colocated" if c.label.endswith("C") else "disaggregated"
-            ratios[mode].append(c.predicted_s / c.simulated_s)
+            ratios[mode].append(predicted[c.label] / c.simulated_s)
         for i, a in enumerate(replayed):
             for b in replayed[i + 1 :]:
                 pairs += 1
-                agree += (a.predicted_s < b.predicted_s) == (a.simulated_s < b.simulated_s)
-    out = {f"median_ratio_{m}": statistics.median(r) if r else math.nan for m, r in ratios.items()}
+                agree += (predicted[a.label] < predicted[b.label]) == (
+                    a.simulated_s < b.simulated_s
+                )
+    out: dict[str, float] = {}
+    for m, r in ratios.items():
+        out[f"median_ratio_{m}"] = statistics.median(r) if r else math.nan
+        out[f"min_ratio_{m}"] = min(r, default=math.nan)
+        out[f"max_ratio_{m}"] = max(r, default=math.nan)
     out["pairs_ordered_as_replayed"] = agree / pairs if pairs else math.nan
     return out
 
@@ -139,5 +150,13 @@ def select_and_replay(
             f"  step {step} {label:>6}: predicted {c.makespan_s:8.1f} s, simulated "
             f"{report.makespan_s:8.1f} s{'' if c.feasible else ' (infeasible for the model)'}"
         )
-        outcomes.append(CandidateOutcome(label, c.makespan_s, report.makespan_s, c.feasible))
+        outcomes.append(
+            CandidateOutcome(
+                label,
+                c.makespan_s,
+                report.makespan_s,
+                c.feasible,
+                paper_makespan(params, deployment.topology),
+            )
+        )
     return StepSelection(step, workers, tuple(outcomes), choice.target.label)
