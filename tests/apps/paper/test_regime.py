@@ -1,6 +1,7 @@
 """The regime rows and the ratio-selection replay run and report consistent numbers."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,46 @@ def test_model_accuracy_separates_the_modes_and_counts_ordered_pairs():
     assert acc["median_ratio_disaggregated"] == pytest.approx(2.0)
     # pairs: 4C<1P3D predicted but tied replayed (disagree), 4C<2P2D (agree), 1P3D<2P2D (agree)
     assert acc["pairs_ordered_as_replayed"] == pytest.approx(2 / 3)
+
+
+def test_model_accuracy_of_the_papers_forms_reads_their_predictions():
+    from pearl.apps.paper.ratio_selection import CandidateOutcome, StepSelection, model_accuracy
+
+    step = StepSelection(
+        1,
+        2,
+        (
+            CandidateOutcome("2C", 100.0, 100.0, True, paper_s=150.0),
+            CandidateOutcome("1P1D", 120.0, 110.0, True, paper_s=330.0),
+        ),
+        "2C",
+    )
+    ours, paper = model_accuracy([step]), model_accuracy([step], paper=True)
+    assert ours["median_ratio_disaggregated"] == pytest.approx(120 / 110)
+    assert paper["median_ratio_colocated"] == pytest.approx(1.5)
+    assert paper["max_ratio_disaggregated"] == pytest.approx(3.0)
+    assert ours["pairs_ordered_as_replayed"] == paper["pairs_ordered_as_replayed"] == 1.0
+
+
+def test_a_regime_map_cell_moves_its_knobs_and_measures_the_best_split(tmp_path):
+    from pearl.apps.regime_map import apply_knob, evaluate_cell, heatmap
+
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+    engine = SimEngineConfig(block_size=64, scheduling="sglang")
+    assert apply_knob(TINY, "trajectories", 4, workers=2).batch_size == 8
+    assert apply_knob(TINY, "reuse", "append", 2).observation_window is None
+    doubled = apply_knob(TINY, "observation", 2, 2).observation_tokens
+    assert doubled == TINY.observation_tokens.scaled(2)
+    with pytest.raises(ValueError, match="unknown knob 'colour'"):
+        apply_knob(TINY, "colour", 1, 2)
+    cell = evaluate_cell(cost, TINY, engine, 2, {"trajectories": 2, "response": 0.5})
+    labels = [c.label for c in cell.selection.candidates]
+    assert labels == ["2C", "1P1D"] and cell.best_split == "1P1D"
+    colocated, split = (c.simulated_s for c in cell.selection.candidates)
+    assert cell.best_split_gain == pytest.approx(1 - split / colocated)
+    assert cell.chosen_gain == (0.0 if cell.selection.chosen == "2C" else cell.best_split_gain)
+    assert cell.to_dict()["values"] == {"trajectories": 2, "response": 0.5}
+    other = evaluate_cell(cost, TINY, engine, 2, {"trajectories": 2, "response": 1})
+    files = heatmap([cell, other], "response", "trajectories", "t", tmp_path / "map")
+    assert [Path(f).name for f in files] == ["map.png", "map.svg"]
+    assert all(Path(f).stat().st_size > 1000 for f in files)
