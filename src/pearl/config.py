@@ -247,6 +247,12 @@ class RLSection(_Section):
         description="start a rollout batch as soon as its weights are synced, while earlier "
         "batches finish (continuous asynchronous generation); false: one batch at a time",
     )
+    weight_update: Literal["policy", "continue", "abort_restart", "abort_resume"] = Field(
+        "policy",
+        description="turns in flight when new weights land: continue decoding; abort and "
+        "re-issue from the start (ROLL, docs/baselines.md); abort and resume from the tokens "
+        "generated; policy: each policy's own",
+    )
 
 
 class ElasticSection(_Section):

@@ -95,3 +95,26 @@ def test_the_digest_sees_a_changed_number(tmp_path):
     assert digest(tmp_path) == before  # wall-clock fields do not count
     (tmp_path / "metrics.jsonl").write_text('{"a": 1.0000001, "wall_s": 3}\n')
     assert digest(tmp_path) != before
+
+
+def test_rl_weight_update_reaches_the_policies_of_a_run(tmp_path):
+    """``rl.weight_update`` overrides every policy's own handling of in-flight turns."""
+    from pearl.apps.experiment import run_one
+
+    trace = tmp_path / "avail.csv"
+    trace.write_text(AVAILABILITY)
+    counters = {}
+    for mode in ("policy", "abort_restart"):
+        cfg = load_simulate_config(
+            CONFIGS / "headline_paper.yaml",
+            [
+                f"rl.weight_update={mode}",
+                "rl.duration_s=900",
+                "workload.num_tasks=2",
+                "workload.group_size=4",
+            ],
+        )
+        counters[mode] = run_one(cfg.model_dump(mode="json"), "roll", str(trace))["counters"]
+    assert counters["policy"]["turns_aborted_by_weight_updates"] == 0
+    assert counters["abort_restart"]["turns_aborted_by_weight_updates"] > 0
+    assert counters["abort_restart"]["tokens_discarded"] > 0

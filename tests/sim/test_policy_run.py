@@ -522,3 +522,24 @@ def test_each_step_records_its_prefill_work_and_flushing_the_cache_lowers_the_hi
         later = rows[1:]  # step 0 starts from an empty cache either way
         rates[flush] = sum(r["rollout/prefix_cache_hit_rate"] for r in later) / len(later)
     assert rates[True] < rates[False]
+
+
+def test_weight_updates_abort_in_flight_turns_and_restart_or_resume_them():
+    """ROLL aborts every in-flight turn at a weight update and re-issues it from its start
+    (partial output dropped); abort_resume keeps the generated tokens; continue aborts
+    nothing. Every run still completes every turn with its full response."""
+    from pearl.control.policies import WeightUpdate
+
+    s = setting(duration_s=300.0)
+    out = {}
+    for mode in WeightUpdate:
+        policy = get_policy("roll", weight_update=mode)
+        result = run_policy(s, policy)
+        check_run(result, s)
+        out[mode] = result.counters
+    assert out[WeightUpdate.CONTINUE]["turns_aborted_by_weight_updates"] == 0
+    assert out[WeightUpdate.CONTINUE]["tokens_discarded"] == 0
+    restart = out[WeightUpdate.ABORT_RESTART]
+    assert restart["turns_aborted_by_weight_updates"] > 0 and restart["tokens_discarded"] > 0
+    resume = out[WeightUpdate.ABORT_RESUME]
+    assert resume["turns_aborted_by_weight_updates"] > 0 and resume["tokens_discarded"] == 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.config import RLExperimentConfig, dump_config
-from pearl.control.policies import PDMode, get_policy
+from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunStopped
 from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
@@ -87,7 +87,10 @@ def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
     """One (policy, segment) run; plain data so it crosses process boundaries."""
     cfg = RLExperimentConfig.model_validate(cfg_json)
     setting = build_setting(cfg)
-    policy = get_policy(policy_name, static_split=tuple(cfg.pd.static_split))
+    overrides: dict = {"static_split": tuple(cfg.pd.static_split)}
+    if cfg.rl.weight_update != "policy":
+        overrides["weight_update"] = WeightUpdate(cfg.rl.weight_update)
+    policy = get_policy(policy_name, **overrides)
     trace = load_segment_or_csv(segment)
     return run_summary(policy_name, segment, run_policy(setting, policy, trace), trace.mean())
 

@@ -27,7 +27,7 @@ from pearl.control.pipeline import (
     StepRecord,
     WeightSync,
 )
-from pearl.control.policies import Borrowing, Policy
+from pearl.control.policies import Borrowing, Policy, WeightUpdate
 from pearl.control.rebuilder import InterScaleRebuilder
 from pearl.control.rollout_engine import EngineCapabilities, require_capabilities
 from pearl.control.router import Router
@@ -133,7 +133,10 @@ class ControlPlane:
         table = self.table = self._lay_out_table(layout)
         self.tracker = RuntimeTracker(world.prior)
         self.made: list[RolloutWorker] = []  # every worker started (time breakdowns)
-        self.router = Router(world.make_kv_mover(self))
+        self.router = Router(
+            world.make_kv_mover(self),
+            restart_interrupted=policy.weight_update is WeightUpdate.ABORT_RESTART,
+        )
         self.trainer = world.make_trainer(self)
         self.factory = _Factory(self, prepare_s=0.0)  # the initial workers are up at t = 0
         self.rebuilder = InterScaleRebuilder(
@@ -245,7 +248,11 @@ class ControlPlane:
             batches,
             self.router,
             self.trainer,
-            WeightSync(self.active_workers, self.world.weight_sync_s),
+            WeightSync(
+                self.active_workers,
+                self.world.weight_sync_s,
+                abort_in_flight=self.policy.weight_update is not WeightUpdate.CONTINUE,
+            ),
             self.clock,
             loop_config,
             config,
@@ -286,6 +293,10 @@ class ControlPlane:
             "borrow_rounds": toggle.rounds if toggle else 0,
             "borrow_skipped_by_gate": toggle.skipped_by_gate if toggle else 0,
             "turns_resumed": router.turns_resumed,
+            "tokens_discarded": router.tokens_discarded,
+            "turns_aborted_by_weight_updates": (
+                self.pipeline.weight_sync.turns_aborted if self.pipeline else 0
+            ),
             "kv_transfer_retries": router.transfer_retries,
             "sessions_moved": router.sessions_moved,
             "worker_failures": self.elastic.failures,

@@ -82,11 +82,18 @@ class WeightSync:
     """Pushes a weights version to every currently active rollout worker, concurrently."""
 
     def __init__(
-        self, workers: Callable[[], list[RolloutWorker]], seconds: Callable[[int], float]
+        self,
+        workers: Callable[[], list[RolloutWorker]],
+        seconds: Callable[[int], float],
+        abort_in_flight: bool = False,
     ) -> None:
         self.workers = workers
         self.seconds = seconds  # sync time given the number of receivers
+        # Abort the receivers' in-flight turns with the update (the router re-issues them;
+        # they run once the new weights are installed): ROLL at every training step.
+        self.abort_in_flight = abort_in_flight
         self.syncs = 0
+        self.turns_aborted = 0
 
     async def sync(self, version: int) -> None:
         # Workers that already have (or are installing) this version are skipped, e.g.
@@ -94,7 +101,12 @@ class WeightSync:
         receivers = [w for w in self.workers() if getattr(w, "requested_version", None) != version]
         if receivers:
             seconds = self.seconds(len(receivers))
-            await asyncio.gather(*(w.sync_weights(version, seconds) for w in receivers))
+            syncs = [asyncio.ensure_future(w.sync_weights(version, seconds)) for w in receivers]
+            if self.abort_in_flight:
+                await asyncio.sleep(0)  # the installs are queued first: re-issued turns wait
+                aborted = await asyncio.gather(*(w.abort_all() for w in receivers))
+                self.turns_aborted += sum(len(a) for a in aborted)
+            await asyncio.gather(*syncs)
         self.syncs += 1
 
 

@@ -43,6 +43,22 @@ class Borrowing(enum.StrEnum):
     GATED = "gated"
 
 
+class WeightUpdate(enum.StrEnum):
+    """What happens to turns in flight when new weights reach the rollout workers.
+
+    ``continue``: they keep decoding, under the new weights from the next iteration on
+    (SGLang's update_weights between two iterations). ``abort_restart``: routing is
+    suspended, every in-flight turn is aborted and re-issued from its start once the
+    weights are in, its partial output dropped (ROLL's agentic rollout at every training
+    step, alibaba/ROLL@8eb27cc ``rollout_scheduler.py:627-630``, ``traj_env_manager.py:125,
+    241-242``; docs/baselines.md). ``abort_resume``: aborted the same way, but resumed from
+    the tokens already generated (PEARL §5: interrupted requests keep their prefix)."""
+
+    CONTINUE = "continue"
+    ABORT_RESTART = "abort_restart"
+    ABORT_RESUME = "abort_resume"
+
+
 @dataclass(slots=True, frozen=True)
 class Policy:
     name: str
@@ -54,6 +70,9 @@ class Policy:
     fixed_rollout_gpus: int | None = None
     """``fixed`` only: the pool size; None: the trace's mean rollout GPUs, rounded up to
     whole workers (ROLL-Large)."""
+    weight_update: WeightUpdate = WeightUpdate.CONTINUE
+    """In-flight turns at a weight update (``WeightUpdate``); the router resumes or restarts
+    every interrupted turn (shrinks, role changes) the same way."""
     description: str = ""
     title: str = ""
     """The name tables and figures show (the paper's: ROLL, RLBoost+, PEARL ...)."""

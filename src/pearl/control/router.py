@@ -27,8 +27,17 @@ class NoWorkerAvailable(RuntimeError):
 class Router:
     """Routes turns over the current topology; ``set_topology`` changes it between turns."""
 
-    def __init__(self, kv_mover: KVMover | None = None, max_wait_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        kv_mover: KVMover | None = None,
+        max_wait_s: float = 3600.0,
+        restart_interrupted: bool = False,
+    ) -> None:
         self.kv_mover = kv_mover
+        # An interrupted turn resumes from the tokens it generated (False) or is re-issued
+        # from its start, its partial output dropped (True: ROLL's re-issue after an abort).
+        self.restart_interrupted = restart_interrupted
+        self.tokens_discarded = 0
         # While a reconfiguration leaves no worker for a role, turns wait this long for one.
         self.max_wait_s = max_wait_s
         self._topology_changed = asyncio.Event()
@@ -121,6 +130,16 @@ class Router:
         self.turns_routed += 1
         out = await self._run_once(turn)
         resumed = 0
+        while self.restart_interrupted and out.finish_reason in INTERRUPTED:
+            resumed += 1
+            self.turns_resumed += 1
+            self.tokens_discarded += len(out.token_ids)
+            submitted = out.telemetry.submitted_at
+            out = await self._run_once(
+                dataclasses.replace(turn, request_id=f"{turn.request_id}/restart{resumed}")
+            )
+            out.telemetry.submitted_at = submitted
+            out = dataclasses.replace(out, request_id=turn.request_id)
         while out.finish_reason in INTERRUPTED and len(out.token_ids) < turn.max_new_tokens:
             resumed += 1
             self.turns_resumed += 1
