@@ -24,7 +24,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "75fa117c63c45660"  # issue 20: the makespan model of pearl.control.makespan
+RL_DIGEST = "0376bf0b5f12faae"  # issue 20: the makespan model of pearl.control.makespan
 ROLLOUT_DIGEST = "4ae8eecc3e37b02f"
 
 

@@ -109,10 +109,13 @@ def test_the_critical_path_follows_the_slowest_trajectory_and_the_load_the_whole
     many = TurnObservation(100, 10, 0, env_time_s=1.0, decode_s=0.1)
     long = TurnObservation(300, 500, 20, env_time_s=30.0, decode_s=5.0)
     tr.observe_trajectory(TrajectoryObservation((many,) * 10, lifetime_s=20))  # most turns
-    tr.observe_trajectory(TrajectoryObservation((long,) * 3, lifetime_s=110))  # finishes last
-    params = tr.end_step(batch_size=2, makespan_s=110)
+    tr.observe_trajectory(  # finishes last
+        TrajectoryObservation((long,) * 3, lifetime_s=120, setup_s=10.0)
+    )
+    params = tr.end_step(batch_size=2, makespan_s=120)
     assert (params.turns, params.decode_tokens_per_turn) == (3, 500)
-    assert params.appended_tokens_per_turn == 320 and params.env_time_s == 90
+    # its environment: setup and every turn's time (the reward is in the last turn's)
+    assert params.appended_tokens_per_turn == 320 and params.env_time_s == 100
     assert params.decode_tokens_per_trajectory == (100 + 1500) / 2
     assert params.prefill_tokens_per_trajectory == (1000 + 960) / 2
 

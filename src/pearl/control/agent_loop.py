@@ -33,6 +33,7 @@ class TrajectoryResult:
     appended_tokens: list[int] = field(default_factory=list)
     kept_tokens: list[int] = field(default_factory=list)
     env_s: list[float] = field(default_factory=list)
+    setup_s: float = 0.0  # environment start before turn 0 (container, VM)
     reward: float | None = None  # episodes: the environment's reward
     sample: TrainSample | None = None  # episodes: what the trainer trains on
 
@@ -71,6 +72,7 @@ async def run_trajectory(
     sid = session_id_of(trajectory)
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
+    result.setup_s = clock.now() - result.started_at
     context: list[int] = []
     kept_response: list[int] = []  # the previous response's tokens the context keeps
     kept_before = 0

@@ -76,7 +76,8 @@ class WorkloadParams:
     switch_overhead_s: float
     """[T_over] per-turn prefill/decode switching overhead under colocation."""
     env_time_s: float
-    """[T_env] environment time of the slowest trajectory, all turns together."""
+    """[T_env] environment time of the slowest trajectory: its setup, every turn's
+    environment time and its reward evaluation."""
     kv_bytes_per_token: float
     """[K] KV-cache bytes per token moved from a prefill to a decode worker."""
     pd_bandwidth_bytes_per_s: float

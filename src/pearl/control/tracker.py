@@ -67,6 +67,7 @@ class TrajectoryObservation:
     turns: tuple[TurnObservation, ...]
     lifetime_s: float
     context_tokens: int = 0  # final context length (0: unknown)
+    setup_s: float = 0.0  # environment start before the first turn
 
 
 class Ema:
@@ -134,7 +135,10 @@ class RuntimeTracker:
             )
         self.observe_trajectory(
             TrajectoryObservation(
-                tuple(turns), result.finished_at - result.started_at, result.context_tokens
+                tuple(turns),
+                result.finished_at - result.started_at,
+                result.context_tokens,
+                result.setup_s,
             )
         )
 
@@ -192,7 +196,8 @@ class RuntimeTracker:
             n_traj, n_turns = len(trajs), len(turns)
             # The per-turn terms follow the slowest trajectory (the makespan's critical
             # path); the batch's load enters through the per-trajectory means.
-            slow = max(trajs, key=lambda tr: tr.lifetime_s).turns
+            slowest = max(trajs, key=lambda tr: tr.lifetime_s)
+            slow = slowest.turns
             out["turns"] = FittedParameter(float(len(slow)), n_traj)
             out["decode_tokens_per_turn"] = FittedParameter(
                 sum(t.generated_tokens for t in slow) / len(slow), len(slow)
@@ -202,7 +207,9 @@ class RuntimeTracker:
             out["appended_tokens_per_turn"] = FittedParameter(
                 sum(t.appended_tokens + t.kept_tokens for t in slow) / len(slow), len(slow)
             )
-            out["env_time_s"] = FittedParameter(sum(t.env_time_s for t in slow), len(slow))
+            out["env_time_s"] = FittedParameter(
+                slowest.setup_s + sum(t.env_time_s for t in slow), len(slow)
+            )
             out["decode_tokens_per_trajectory"] = FittedParameter(
                 sum(t.generated_tokens for t in turns) / n_traj, n_traj
             )
