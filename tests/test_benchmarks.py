@@ -58,3 +58,46 @@ def test_replay_rebuilds_a_steps_rollout_from_its_token_counts():
     assert [t.response_tokens for t in second.turns] == [5, 7]
     assert second.turns[0].env_latency_s == pytest.approx(0.01)
     assert first.shared_prefix_tokens == 50 and second.index_in_group == 1
+
+
+def test_regime_map_rebuilds_cells_from_json_and_rejects_unknown_knobs(monkeypatch, capsys):
+    from pearl.apps.paper.ratio_selection import CandidateOutcome, StepSelection
+    from pearl.apps.regime_map import Cell
+
+    bench = load("pd_regime_map")
+    sel = StepSelection(
+        1,
+        2,
+        (CandidateOutcome("2C", 10.0, 100.0, True), CandidateOutcome("1P1D", 9.0, 90.0, True)),
+        "1P1D",
+    )
+    row = Cell({"observation": 3, "context": 32768}, sel).to_dict()
+    again = bench._cell(row)
+    assert again.best_split == "1P1D" and again.best_split_gain == pytest.approx(0.1)
+    assert again.chosen_gain == pytest.approx(0.1) and again.values == row["values"]
+    monkeypatch.setattr("sys.argv", ["pd_regime_map.py", "--maps", "observation:colour"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "want two different knobs" in capsys.readouterr().err
+
+
+def test_kernel_checks_fit_on_their_fit_rows_and_report_every_held_out_row(tmp_path, monkeypatch):
+    import json
+
+    bench = load("costmodel_vs_kernels")
+    out = tmp_path / "k.json"
+    monkeypatch.setattr("sys.argv", ["costmodel_vs_kernels.py", "--out", str(out)])
+    bench.main()
+    res = json.loads(out.read_text())
+    decode = res["decode_attention"]["rows"]
+    assert [r["split"] for r in decode] == ["fit", "held out", "held out", "held out"]
+    assert decode[0]["fitted_ratio"] == pytest.approx(1.0)
+    assert 0 < res["decode_attention"]["fitted_kv_efficiency"] < 1
+    prefill = res["prefill_attention"]
+    assert set(prefill["held_out_ratio_fitted"]) == {"512", "2048", "8192"}
+    # the fitted efficiency is the geometric mean of the fit rows' measured efficiencies
+    assert 0.4 < prefill["fitted_efficiency"] < 0.7
+    assert set(res["moe"]["ratio_by_tokens"]) == {str(t) for t in bench.MIXTRAL_MOE_TP2}
+    # one expert shape at one token reads 2 of 8 experts: the weights of two experts
+    one = bench.moe_layer_s(1, 2, bench.CostConstants())
+    assert 1e-4 < one < 2e-4

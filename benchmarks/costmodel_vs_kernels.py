@@ -1,0 +1,265 @@
+"""The cost model's attention and MoE terms against public kernel measurements (H100).
+
+    .venv/bin/python benchmarks/costmodel_vs_kernels.py
+
+Three checks, each on the cost model's own pricing code (``CostModel.price`` for attention,
+``linear_seconds`` with ``expected_experts_touched`` for MoE experts), each with its
+measured source, a fit / held-out split and the predicted / measured time printed:
+
+1. Prefill attention (causal, head dim 128): FlashAttention-3's forward throughput by
+   sequence length. The attention efficiency is fitted on 1K, 4K and 16K and checked on
+   512, 2K and 8K; the shipped constant is shown beside it.
+2. Decode attention over a paged KV cache: FlashAttention-3 batch decode at 2,000 and 4,000
+   tokens of context (fit the KV-read efficiency on 2,000, check 4,000), and FlashAttention-2
+   paged decode at short contexts (held out: where a latency floor, not bandwidth, rules).
+3. A fused MoE layer at 1-1,024 tokens (Mixtral-8x7B's expert shape, bf16, TP2): every row
+   held out; the linear-layer constants were fitted to dense GEMMs
+   (``benchmarks/costmodel_vs_profiles.py``) and are applied unchanged.
+
+Writes ``results/costmodel_vs_kernels.json``. Nothing here changes a shipped constant: a
+miss is reported (benchmarks/README.md says what each one means for the simulator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from pearl.sim.costmodel import CostConstants, CostModel, IterationWork, linear_seconds
+from pearl.sim.hardware import get_gpu
+from pearl.sim.shapes import ModelShape
+
+H100 = get_gpu("H100")
+
+FA3_CAUSAL_HD128 = {512: 292, 1024: 423, 2048: 521, 4096: 579, 8192: 602, 16384: 616}
+"""TFLOP/s, causal forward, head dim 128, 16 heads, batch x seqlen = 16K tokens, H100 SXM5:
+FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608), forward-speed figure."""
+PREFILL_FIT, PREFILL_HELD_OUT = (1024, 4096, 16384), (512, 2048, 8192)
+
+FA3_DECODE = [  # (batch, context, q heads, kv heads, measured seconds)
+    (16, 2000, 32, 32, 292.0e-6),
+    (16, 4000, 32, 32, 567.2e-6),
+]
+"""FlashAttention-3 paged batch decode on H100 (page size 8, head dim 128, CUDA graph):
+Dao-AILab/flash-attention issue #1572 (2025-04-11)."""
+FA2_DECODE_SHORT = [(64, 128, 64, 8, 28.8e-6), (64, 256, 64, 8, 43.6e-6)]
+"""FlashAttention-2 paged decode, H100 SXM, 64 sequences, 64 q / 8 kv heads, head dim 128,
+page 256: microsoft/onnxruntime PR #21414 (nvbench, 2024-08-29)."""
+
+MIXTRAL_MOE_TP2 = {
+    1: 144.0,
+    2: 229.3,
+    4: 351.1,
+    8: 435.0,
+    16: 471.5,
+    32: 487.4,
+    64: 483.1,
+    128: 491.4,
+    256: 536.8,
+    512: 662.3,
+    1024: 833.7,
+}
+"""Microseconds per fused MoE layer call, Mixtral-8x7B bf16 at TP2 (8 experts, top 2, hidden
+4,096, 7,168 intermediate per partition), tuned config, H100: vllm-project/vllm PR #24700
+("Benchmarks on H100", benchmarks/kernels/benchmark_moe.py)."""
+
+# Mixtral-8x7B's expert shape in the config fields the shape parser reads (Qwen3-MoE names).
+MIXTRAL_EXPERTS = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 14336,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+}
+
+
+def attention_cost(heads: int, kv_heads: int, constants: CostConstants) -> CostModel:
+    """A one-GPU cost model whose attention has ``heads`` query and ``kv_heads`` KV heads of
+    128 dims (the linear layers do not enter these checks)."""
+    config = dict(MIXTRAL_EXPERTS, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    shape = ModelShape.from_hf_config(config, "attention", source="benchmark")
+    return CostModel(H100, shape, tp=1, constants=constants)
+
+
+def per_layer(cost: CostModel, seconds: float) -> float:
+    return seconds / cost.model.num_hidden_layers
+
+
+def prefill_attention_s(cost: CostModel, batch: int, seqlen: int) -> float:
+    """One layer's causal attention over ``batch`` sequences of ``seqlen`` new tokens."""
+    pairs = batch * seqlen * (seqlen + 1) // 2
+    m = cost.model
+    work = IterationWork(
+        tokens=0,
+        sampled_tokens=0,
+        decode_sequences=0,
+        prefill_chunks=batch,
+        linear_flops=0.0,
+        weight_bytes=0.0,
+        prefill_attention_flops=pairs * m.attention_flops_per_token_pair,
+        prefill_kv_bytes=batch * seqlen * m.kv_bytes_per_token,
+        decode_attention_flops=0.0,
+        decode_kv_bytes=0.0,
+        allreduce_count=0,
+        allreduce_bytes=0.0,
+    )
+    return per_layer(cost, cost.price(work).prefill_attention_s)
+
+
+def decode_attention_s(cost: CostModel, batch: int, context: int) -> float:
+    """One layer's decode attention for ``batch`` sequences of ``context`` tokens."""
+    m = cost.model
+    work = IterationWork(
+        tokens=0,
+        sampled_tokens=0,
+        decode_sequences=batch,
+        prefill_chunks=0,
+        linear_flops=0.0,
+        weight_bytes=0.0,
+        prefill_attention_flops=0.0,
+        prefill_kv_bytes=0.0,
+        decode_attention_flops=batch * context * m.attention_flops_per_token_pair,
+        decode_kv_bytes=batch * context * m.kv_bytes_per_token,
+        allreduce_count=0,
+        allreduce_bytes=0.0,
+    )
+    return per_layer(cost, cost.price(work).decode_attention_s)
+
+
+def moe_layer_s(tokens: int, tp: int, constants: CostConstants) -> float:
+    """One MoE layer's expert GEMMs (gate/up and down: two grouped kernels) for ``tokens``."""
+    shape = ModelShape.from_hf_config(MIXTRAL_EXPERTS, "Mixtral-8x7B experts", source="benchmark")
+    cost = CostModel(H100, shape, tp=tp, constants=constants)
+    m = shape
+    per_expert = 3 * m.hidden_size * m.moe_intermediate_size
+    flops = 2.0 * tokens * m.num_experts_per_tok * per_expert / tp
+    weights = cost.expected_experts_touched(tokens) * per_expert * m.dtype_bytes / tp
+    return linear_seconds(flops, weights, 2, constants, H100)
+
+
+def ratios(predicted: dict, measured: dict) -> dict:
+    return {k: predicted[k] / measured[k] for k in measured}
+
+
+def median_range(values) -> str:
+    v = list(values)
+    return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/costmodel_vs_kernels.json")
+    args = parser.parse_args()
+    shipped = CostConstants()
+    out: dict = {}
+
+    # 1. prefill attention
+    batch = {s: 16384 // s for s in FA3_CAUSAL_HD128}
+    measured = {}
+    for s, tflops in FA3_CAUSAL_HD128.items():
+        flops = 4 * batch[s] * s * s * 16 * 128 / 2  # the benchmark's causal count
+        measured[s] = flops / (tflops * 1e12)
+    fitted_eff = math.exp(
+        statistics.mean(math.log(FA3_CAUSAL_HD128[s] * 1e12 / H100.peak_flops) for s in PREFILL_FIT)
+    )
+    print("1. Prefill attention, causal, head dim 128, 16 heads, 16K tokens per call (H100)")
+    print(
+        "| seqlen | split | FA3 measured us | shipped model us | ratio | fitted model us | ratio |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    rows = []
+    for c in (shipped, replace(shipped, attention_compute_efficiency=fitted_eff)):
+        cost = attention_cost(16, 16, c)
+        rows.append({s: prefill_attention_s(cost, batch[s], s) for s in FA3_CAUSAL_HD128})
+    for s in FA3_CAUSAL_HD128:
+        split = "fit" if s in PREFILL_FIT else "held out"
+        print(
+            f"| {s} | {split} | {1e6 * measured[s]:.0f} | {1e6 * rows[0][s]:.0f} | "
+            f"{rows[0][s] / measured[s]:.2f} | {1e6 * rows[1][s]:.0f} | {rows[1][s] / measured[s]:.2f} |"
+        )
+    held = {s: measured[s] for s in PREFILL_HELD_OUT}
+    print(
+        f"attention efficiency: shipped {shipped.attention_compute_efficiency}, fitted "
+        f"{fitted_eff:.3f}; held-out predicted / measured, median (range): shipped "
+        f"{median_range(ratios(rows[0], held).values())}, fitted "
+        f"{median_range(ratios(rows[1], held).values())}\n"
+    )
+    out["prefill_attention"] = {
+        "shipped_efficiency": shipped.attention_compute_efficiency,
+        "fitted_efficiency": fitted_eff,
+        "held_out_ratio_shipped": ratios(rows[0], held),
+        "held_out_ratio_fitted": ratios(rows[1], held),
+    }
+
+    # 2. decode attention
+    fit_rows = FA3_DECODE[:1]  # the rest is held out
+    b, ctx, hq, hkv, t = fit_rows[0]
+    probe = attention_cost(hq, hkv, replace(shipped, kv_memory_efficiency=1.0))
+    fitted_kv = decode_attention_s(probe, b, ctx) / t
+    print("2. Decode attention, paged KV, head dim 128 (H100)")
+    print(
+        "| batch | context | heads q/kv | split | measured us | shipped model us | ratio | fitted model us | ratio |"
+    )
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    decode_out = []
+    for row in FA3_DECODE + FA2_DECODE_SHORT:
+        b, ctx, hq, hkv, t = row
+        p_ship = decode_attention_s(attention_cost(hq, hkv, shipped), b, ctx)
+        p_fit = decode_attention_s(
+            attention_cost(hq, hkv, replace(shipped, kv_memory_efficiency=fitted_kv)), b, ctx
+        )
+        split = "fit" if row in fit_rows else "held out"
+        print(
+            f"| {b} | {ctx} | {hq}/{hkv} | {split} | {1e6 * t:.1f} | {1e6 * p_ship:.1f} | "
+            f"{p_ship / t:.2f} | {1e6 * p_fit:.1f} | {p_fit / t:.2f} |"
+        )
+        decode_out.append(
+            {"row": row, "shipped_ratio": p_ship / t, "fitted_ratio": p_fit / t, "split": split}
+        )
+    print(
+        f"KV-read efficiency: shipped {shipped.kv_memory_efficiency}, fitted {fitted_kv:.3f} "
+        "(of 3.35 TB/s); the short contexts show a latency floor the model does not carry\n"
+    )
+    out["decode_attention"] = {"fitted_kv_efficiency": fitted_kv, "rows": decode_out}
+
+    # 3. MoE
+    print("3. Fused MoE layer, Mixtral-8x7B experts, bf16, TP2 (H100); every row held out")
+    print("| tokens | experts touched | measured us | model us | ratio |")
+    print("|---:|---:|---:|---:|---:|")
+    shape = ModelShape.from_hf_config(MIXTRAL_EXPERTS, "Mixtral-8x7B experts", source="benchmark")
+    touched = CostModel(H100, shape, tp=2).expected_experts_touched
+    moe = {}
+    for tokens, us in MIXTRAL_MOE_TP2.items():
+        p = moe_layer_s(tokens, 2, shipped)
+        moe[tokens] = p / (us * 1e-6)
+        print(
+            f"| {tokens} | {touched(tokens):.1f} | {us:.1f} | {1e6 * p:.1f} | {moe[tokens]:.2f} |"
+        )
+    small = [moe[t] for t in MIXTRAL_MOE_TP2 if t <= 16]
+    large = [moe[t] for t in MIXTRAL_MOE_TP2 if t > 16]
+    print(
+        f"median (range): 1-16 tokens {median_range(small)}, 32-1,024 tokens {median_range(large)}"
+    )
+    out["moe"] = {"ratio_by_tokens": moe}
+
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
