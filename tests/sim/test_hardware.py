@@ -107,3 +107,24 @@ def test_unknown_keys_are_rejected_with_file_key_and_valid_keys(tmp_path):
         load_cost_profile(path)
     with pytest.raises(ConfigError, match="must end in"):
         load_cost_profile(tmp_path / "p.toml")
+
+
+def test_profile_latencies_reach_the_simulated_world_and_the_rest_follow_the_model(tmp_path):
+    """A profile that sets only the activation time keeps the model's other latencies, and
+    the simulated world pays what the profile says (it used to ignore the section)."""
+    from pearl.config import load_simulate_config
+    from pearl.sim.build import build_cost_model
+
+    path = tmp_path / "slow_toggle.yaml"
+    path.write_text("latencies:\n  activate_s: 180.0\n")
+    profile = load_cost_profile(path)
+    assert profile.latency_fields == ("activate_s",)
+    moe = load_model_shape("Qwen3-30B-A3B")
+    lat = profile.model_latencies(moe)
+    assert lat.activate_s == 180.0
+    assert lat.prepare_s == WorkerLatencies.for_model(moe).prepare_s == pytest.approx(67.06)
+    cfg = load_simulate_config(None, [f"cluster.profile={path}", "model.name=Qwen3-30B-A3B"])
+    cost = build_cost_model(cfg)
+    assert cost.worker_latencies() == lat
+    # saved and loaded back, it still sets only the activation time
+    assert load_cost_profile(save_cost_profile(tmp_path / "again.yaml", profile)) == profile

@@ -24,6 +24,7 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
     gpu = get_gpu(cfg.cluster.gpu)
     constants = CostConstants()
     shape = load_model_shape(cfg.model.name)
+    latencies = None
     if cfg.cluster.profile:
         from pearl.sim.cost_profile import load_cost_profile
 
@@ -31,7 +32,8 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
         gpu = profile.gpu or gpu
         constants = profile.constants
         shape = profile.adapt_model(shape)  # e.g. float32 weights and KV for a CPU profile
-    return CostModel(gpu, shape, tp=cfg.cluster.tp, constants=constants)
+        latencies = profile.model_latencies(shape)
+    return CostModel(gpu, shape, tp=cfg.cluster.tp, constants=constants, latencies=latencies)
 
 
 def build_batch(cfg: SimulateConfig) -> RolloutBatch:

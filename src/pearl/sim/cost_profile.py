@@ -43,10 +43,22 @@ class CostProfile:
     gpu: GPUSpec | None = None
     constants: CostConstants = field(default_factory=CostConstants)
     latencies: WorkerLatencies | None = None
+    latency_fields: tuple[str, ...] = ()
+    """The latencies a profile file set (the others follow the model: ``model_latencies``);
+    empty with ``latencies`` given: all of them."""
     dtype_bytes: int | None = None
     """Bytes per weight/KV value of the profiled engine; None keeps the model's."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (what was fitted, on what, how well)."""
+
+    def model_latencies(self, model: ModelShape) -> WorkerLatencies | None:
+        """The lifecycle latencies for ``model``: the ones this profile sets, the rest scaled
+        to the model (None when the profile sets none)."""
+        if self.latencies is None:
+            return None
+        names = self.latency_fields or tuple(f.name for f in dataclasses.fields(WorkerLatencies))
+        given = {name: getattr(self.latencies, name) for name in names}
+        return dataclasses.replace(WorkerLatencies.for_model(model), **given)
 
     def adapt_model(self, model: ModelShape) -> ModelShape:
         """``model`` in this profile's dtype (unchanged when the profile sets none)."""
@@ -143,11 +155,12 @@ def load_cost_profile(path: str | Path) -> CostProfile:
         constants = CostConstants(
             **_numbers(raw.get("constants") or {}, CostConstants, f"{path}: constants")
         )
-        latencies = None
+        latencies, latency_fields = None, ()
         if raw.get("latencies") is not None:
-            latencies = WorkerLatencies(
-                **_numbers(raw["latencies"], WorkerLatencies, f"{path}: latencies")
-            )
+            given = _numbers(raw["latencies"], WorkerLatencies, f"{path}: latencies")
+            latencies = WorkerLatencies(**given)
+            if len(given) < len(fields(WorkerLatencies)):  # else all given: ()
+                latency_fields = tuple(given)
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(
@@ -162,7 +175,12 @@ def load_cost_profile(path: str | Path) -> CostProfile:
     if not isinstance(meta, Mapping):
         raise ConfigError(f"{path}: meta must be a mapping, got {type(meta).__name__}")
     return CostProfile(
-        gpu=gpu, constants=constants, latencies=latencies, dtype_bytes=dtype_bytes, meta=dict(meta)
+        gpu=gpu,
+        constants=constants,
+        latencies=latencies,
+        latency_fields=latency_fields,
+        dtype_bytes=dtype_bytes,
+        meta=dict(meta),
     )
 
 
@@ -173,7 +191,8 @@ def cost_profile_to_dict(profile: CostProfile) -> dict[str, Any]:
         out["gpu"] = dataclasses.asdict(profile.gpu)
     out["constants"] = dataclasses.asdict(profile.constants)
     if profile.latencies is not None:
-        out["latencies"] = dataclasses.asdict(profile.latencies)
+        every = dataclasses.asdict(profile.latencies)
+        out["latencies"] = {k: every[k] for k in profile.latency_fields or every}
     if profile.dtype_bytes is not None:
         out["dtype_bytes"] = profile.dtype_bytes
     if profile.meta:

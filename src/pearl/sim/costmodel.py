@@ -247,6 +247,9 @@ class CostModel:
     model: ModelShape
     tp: int = 1
     constants: CostConstants = field(default_factory=CostConstants)
+    latencies: WorkerLatencies | None = None
+    """Lifecycle latencies (a cost profile's); None: scaled to the model from PEARL's
+    measurements (``WorkerLatencies.for_model``)."""
     # Derived per-GPU numbers, fixed at construction so iteration_time stays cheap.
     _layer_dense_bytes: float = field(init=False, repr=False, compare=False)
     _lm_head_bytes: float = field(init=False, repr=False, compare=False)
@@ -540,5 +543,6 @@ class CostModel:
         return transfer + levels * c.weight_sync_hop_latency_s + c.weight_sync_overhead_s
 
     def worker_latencies(self) -> WorkerLatencies:
-        """Lifecycle latencies for this model (see :meth:`WorkerLatencies.for_model`)."""
-        return WorkerLatencies.for_model(self.model)
+        """Lifecycle latencies: the profile's, else scaled to this model
+        (:meth:`WorkerLatencies.for_model`)."""
+        return self.latencies if self.latencies is not None else WorkerLatencies.for_model(self.model)
