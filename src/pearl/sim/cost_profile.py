@@ -126,6 +126,8 @@ def _parse_gpu(raw: Any, where: str) -> GPUSpec:
 
 SHIPPED_PROFILES = {
     "paper-h800": "paper-h800.yaml",  # the paper's trainer, fitted to REGIME row C2
+    # ... in a system that restarts rollout engines on training GPUs (no process retention)
+    "paper-h800-no-retention": "paper-h800-no-retention.yaml",
 }
 """Profiles that ship with PEARL, by name (``cluster.profile: paper-h800``)."""
 
