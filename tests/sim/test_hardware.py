@@ -128,3 +128,12 @@ def test_profile_latencies_reach_the_simulated_world_and_the_rest_follow_the_mod
     assert cost.worker_latencies() == lat
     # saved and loaded back, it still sets only the activation time
     assert load_cost_profile(save_cost_profile(tmp_path / "again.yaml", profile)) == profile
+
+
+def test_the_no_retention_profile_cold_starts_every_activation():
+    profile = load_cost_profile("paper-h800-no-retention")
+    assert profile.latency_fields == ("activate_s",)
+    lat = profile.model_latencies(load_model_shape("Qwen3-8B"))
+    assert lat.activate_s == pytest.approx(56.29 + 11.05)
+    assert lat.deactivate_s == WorkerLatencies.for_model(load_model_shape("Qwen3-8B")).deactivate_s
+    assert profile.constants == load_cost_profile("paper-h800").constants
