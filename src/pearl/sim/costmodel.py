@@ -545,4 +545,6 @@ class CostModel:
     def worker_latencies(self) -> WorkerLatencies:
         """Lifecycle latencies: the profile's, else scaled to this model
         (:meth:`WorkerLatencies.for_model`)."""
-        return self.latencies if self.latencies is not None else WorkerLatencies.for_model(self.model)
+        return (
+            self.latencies if self.latencies is not None else WorkerLatencies.for_model(self.model)
+        )
