@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from pearl.apps.paper.ratio_selection import StepSelection
 from pearl.apps.regime_map import KNOBS, Cell, evaluate_cell, heatmap
 from pearl.config import load_simulate_config
 from pearl.sim.build import build_cost_model, engine_config
@@ -117,16 +118,7 @@ def main() -> None:
 
 def _cell(row: dict) -> Cell:
     """A Cell rebuilt from its JSON row, enough to draw it."""
-    from pearl.apps.paper.ratio_selection import CandidateOutcome, StepSelection
-
-    sel = row["selection"]
-    candidates = tuple(
-        CandidateOutcome(c["topology"], c["predicted_s"], c["simulated_s"], c["feasible"])
-        for c in sel["candidates"]
-    )
-    return Cell(
-        row["values"], StepSelection(sel["step"], sel["workers"], candidates, sel["chosen"])
-    )
+    return Cell(row["values"], StepSelection.from_dict(row["selection"]))
 
 
 if __name__ == "__main__":

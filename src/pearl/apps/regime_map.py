@@ -76,16 +76,18 @@ class Cell:
     def _colocated_s(self) -> float:
         return next(c.simulated_s for c in self.selection.candidates if c.label.endswith("C"))
 
+    def _best_split(self):
+        splits = [c for c in self.selection.candidates if not c.label.endswith("C")]
+        return min(splits, key=lambda c: c.simulated_s)
+
     @property
     def best_split(self) -> str:
-        splits = [c for c in self.selection.candidates if not c.label.endswith("C")]
-        return min(splits, key=lambda c: c.simulated_s).label
+        return self._best_split().label
 
     @property
     def best_split_gain(self) -> float:
         """The best split's makespan gain over colocation (negative: colocation wins)."""
-        best = min(c.simulated_s for c in self.selection.candidates if not c.label.endswith("C"))
-        return 1 - best / self._colocated_s()
+        return 1 - self._best_split().simulated_s / self._colocated_s()
 
     @property
     def chosen_gain(self) -> float:

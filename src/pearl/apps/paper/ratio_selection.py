@@ -61,6 +61,21 @@ class StepSelection:
         """Chosen simulated makespan over the best one, minus 1 (0: the engine was right)."""
         return self.chosen_outcome.simulated_s / self.best.simulated_s - 1
 
+    @classmethod
+    def from_dict(cls, data: dict) -> StepSelection:
+        """A selection back from its ``to_dict`` form (e.g. a saved JSON row)."""
+        candidates = tuple(
+            CandidateOutcome(
+                c["topology"],
+                c["predicted_s"],
+                c["simulated_s"],
+                c["feasible"],
+                c.get("paper_s", math.nan),
+            )
+            for c in data["candidates"]
+        )
+        return cls(data["step"], data["workers"], candidates, data["chosen"])
+
     def to_dict(self) -> dict:
         return {
             "step": self.step,
