@@ -181,6 +181,26 @@ def test_anchor_samples_set_the_fits_level():
     assert "level set by the live iterations" in report.table()
 
 
+def test_anchor_level_keeps_the_live_busy_time_with_stalls():
+    """Live iterations where one in five was descheduled for 3x its time (a shared host):
+    the median iteration is not slowed, the busy time is. The anchored fit reproduces the
+    busy time (what a makespan adds up), not the median iteration."""
+    model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
+    truth = FittedRates(20e9, 12e9, 6e9, 1.5e9, 4e-3, 1.5e-4, 6e-4)
+    cost = CostModel(truth.gpu(16e9), model, 1, truth.constants())
+    grid = exact_samples(cost, get_grid("quick").shapes)
+    shapes = [BatchShape(decodes=8, decode_context=1000)] * 10
+    live = [
+        dataclasses.replace(s, seconds=s.seconds * (3.0 if i % 5 == 0 else 1.0))
+        for i, s in enumerate(exact_samples(cost, shapes))
+    ]
+    measured = np.array([s.seconds for s in live])
+    anchored, _ = fit_profile(grid + live, model, clock="wall", memory_bytes=16e9, anchor=len(grid))
+    predicted = predictions(anchored, model, live)
+    assert predicted.sum() == pytest.approx(measured.sum(), rel=0.01)
+    assert np.median(predicted / measured) > 1.2  # the median iteration is over-predicted
+
+
 def test_fit_needs_enough_positive_samples():
     model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
     sample = Sample(((16, 0),), (), 0.01)

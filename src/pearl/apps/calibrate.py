@@ -386,9 +386,12 @@ def fit_profile(
     for ``model``.
 
     With ``anchor`` n > 0 the first n samples shape the fit but the last ones set its level:
-    after fitting, every time is scaled so the median measured/predicted ratio of the samples
-    after the first n is 1 (e.g. a grid timed on an idle worker for coverage, then the
-    iterations of live runs whose load the profile must match).
+    after fitting, every time is scaled so the samples after the first n take, summed, the
+    time they measured (e.g. a grid timed on an idle worker for coverage, then the
+    iterations of live runs whose load the profile must match). The sum, not the median
+    ratio: on a shared host a worker's iterations are now and then descheduled (the driver,
+    Ray's processes, other workers), a cost paid in a minority of iterations that a median
+    ignores and a batch's makespan does not.
 
     Minimizes the soft-L1 loss of log(predicted / measured) over the log-parameters from
     several starts. ``memory_bytes`` (default: this machine's RAM) becomes the spec's
@@ -415,7 +418,7 @@ def fit_profile(
     )
     level = 1.0
     if 0 < anchor < len(samples):
-        level = float(np.median(np.exp(log_measured[anchor:]) / predict(rates)[anchor:]))
+        level = float(np.sum(np.exp(log_measured[anchor:])) / np.sum(predict(rates)[anchor:]))
         rates = rates.slower(level)
     fit_seconds = time.perf_counter() - started
 

@@ -208,9 +208,23 @@ def run_live_case(
 ) -> tuple[BatchResult, list]:
     """The case on live workers; also every worker's iteration log (shapes and seconds).
     ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy)."""
-    from pearl.live.worker import LiveKVMover
+    return run_live_batch(
+        case.batch(), Deployment.parse(case.deployment), model, engine, vocab, case.scripted(), wrap
+    )
 
-    deployment = Deployment.parse(case.deployment)
+
+def run_live_batch(
+    batch: RolloutBatch,
+    deployment: Deployment,
+    model,
+    engine: EngineConfig,
+    vocab: int,
+    changes: list[ScriptedChange] | tuple = (),
+    wrap: Callable[[Any], Any] | None = None,
+) -> tuple[BatchResult, list]:
+    """``batch`` on fresh live workers of ``deployment`` (reconfigured by ``changes``);
+    also every worker's iteration log."""
+    from pearl.live.worker import LiveKVMover
 
     async def main() -> tuple[BatchResult, list]:
         workers = await _live_workers(deployment, model, engine)
@@ -234,19 +248,19 @@ def run_live_case(
         try:
             await asyncio.gather(*(w.actor.log_iterations.remote(True) for w in workers))
             config = AgentLoopConfig(vocab)
-            if case.changes:
+            if changes:
                 result = await run_scripted_batch(
-                    case.batch(),
+                    batch,
                     seen,
                     deployment.topology,
-                    case.scripted(),
+                    list(changes),
                     router.kv_mover,
                     AsyncioClock(),
                     config,
                     stop=stop,
                 )
             else:
-                result = await run_rollout_batch(case.batch(), router, AsyncioClock(), config)
+                result = await run_rollout_batch(batch, router, AsyncioClock(), config)
             alive = [w for w in workers if all(w is not k for k in killed)]
             logs = stopped + list(
                 await asyncio.gather(*(w.actor.log_iterations.remote(False) for w in alive))
