@@ -131,6 +131,7 @@ def main() -> None:
         max_model_len=rollout["max_context_tokens"],
         request_overhead_s=overhead,
         rpc_overhead_s=rpc,
+        calls_wait_for_iteration=True,  # the live worker's engine lock
     )
     rows = []
     for step in steps[1::2]:

@@ -5,7 +5,10 @@ A refactor or a speed change leaves every simulated number as it was; these dige
 any drift. They were taken from the code before the ``pearl.apps`` move (issue 19) and held
 after it; the RL digest then changed twice in issue 20: by adding the per-step prefill record
 (the same run with those three keys removed still gives the old digest), and by the new
-makespan model (``pearl.control.makespan``: pearl's decisions and predictions differ). A deliberate change to
+makespan model (``pearl.control.makespan``: pearl's decisions and predictions differ); both digests changed
+once more when GPU-regime workers stopped making KV exports and state queries wait for the
+iteration in progress (``SimEngineConfig.calls_wait_for_iteration``, now only in the live
+worker's twin; with it set everywhere the previous digests come back). A deliberate change to
 what is simulated or recorded updates them in the same commit and says why.
 """
 
@@ -24,8 +27,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "0376bf0b5f12faae"  # issue 20: the makespan model of pearl.control.makespan
-ROLLOUT_DIGEST = "4ae8eecc3e37b02f"
+RL_DIGEST = "8e620793a53a3630"  # issue 20: GPU engines' KV exports do not wait for an iteration
+ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
 
 
 def digest(folder: Path, trace: str | None = None) -> str:

@@ -205,15 +205,14 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
 
 @pytest.mark.parametrize("fast_forward", [False, True])
 def test_queries_answer_at_the_next_iteration_boundary_without_cutting_a_stretch(fast_forward):
-    """session_length / match_session and a KV export wait for the iteration in progress, as
-    a live worker's engine lock makes them; a fast-forwarded decode stretch is not cut
-    short by them."""
+    """In the live worker's twin, session_length / match_session and a KV export wait for the
+    iteration in progress, as a live worker's engine lock makes them; a fast-forwarded
+    decode stretch is not cut short by them."""
 
     async def main():
         loop = asyncio.get_running_loop()
-        worker = SimulatedWorker(
-            "w0", LinearCost(), SimEngineConfig(fast_forward=fast_forward), vocab_size=1000
-        )
+        config = SimEngineConfig(fast_forward=fast_forward, calls_wait_for_iteration=True)
+        worker = SimulatedWorker("w0", LinearCost(), config, vocab_size=1000)
         gen = asyncio.create_task(worker.generate(TurnRequest("a/0", "a", [1] * 100, 200)))
         await asyncio.sleep(0.1001)  # in the middle of the decode
         await worker.session_length("a")
@@ -237,3 +236,26 @@ def test_queries_answer_at_the_next_iteration_boundary_without_cutting_a_stretch
     assert finished == pytest.approx(runs[not fast_forward][2], rel=1e-9)
     if fast_forward:  # ... and the stretch ran whole: the prefill, then one decode stretch
         assert counters.fast_forwards == 1
+
+
+def test_a_gpu_engines_queries_and_export_do_not_wait_for_the_iteration():
+    """The default (a GPU serving engine: SGLang sends a prefilled request's KV right after
+    the batch's forward) answers mid-iteration; the live twin waits for the boundary."""
+
+    async def main(wait: bool):
+        loop = asyncio.get_running_loop()
+        config = SimEngineConfig(calls_wait_for_iteration=wait)
+        assert SimEngineConfig.mirroring(config, 2048).calls_wait_for_iteration
+        worker = SimulatedWorker("w0", LinearCost(), config, vocab_size=1000)
+        gen = asyncio.create_task(worker.generate(TurnRequest("a/0", "a", [1] * 100, 200)))
+        await asyncio.sleep(0.1001)
+        await worker.session_length("a")
+        await worker.match_session("a", [1] * 100)
+        await worker.export_kv("a", 0, 50)
+        done = loop.time()
+        await gen
+        worker.close()
+        return done
+
+    assert run_virtual(lambda: main(False))[0] == pytest.approx(0.1001, abs=1e-9)
+    assert run_virtual(lambda: main(True))[0] > 0.1001 + 1e-6

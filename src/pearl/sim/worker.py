@@ -61,13 +61,23 @@ class SimEngineConfig(EngineConfig):
     # Round trip of a call that does not wait for the engine (session_length,
     # match_session, release_session) through the world's RPC layer; 0 in-process.
     rpc_overhead_s: float = 0.0
+    # Whether calls that read or hand out a session's state (session_length, match_session,
+    # export_kv) wait for the iteration in progress. True for the twin of our live worker,
+    # which answers them under its engine lock, between iterations. False for GPU serving
+    # engines: SGLang's prefill server starts a finished request's KV transfer right after
+    # the batch's forward and polls it without blocking (python/sglang/srt/disaggregation/
+    # prefill.py, process_batch_result_disagg_prefill -> send_kv_chunk, sgl-project/sglang
+    # at 000c2b9), so a move never waits for the prefill worker's next batch.
+    calls_wait_for_iteration: bool = False
 
     @classmethod
     def mirroring(cls, engine: EngineConfig, max_model_len: int, **sim_only) -> SimEngineConfig:
         """The simulated twin of a live engine: every ``EngineConfig`` field copied (the
-        model's context limit as a number), plus ``sim_only`` fields."""
+        model's context limit as a number), calls waiting for the iteration in progress as
+        the live worker's do, plus ``sim_only`` fields."""
         shared = {f.name: getattr(engine, f.name) for f in dataclasses.fields(EngineConfig)}
-        return cls(**{**shared, "max_model_len": max_model_len, **sim_only})
+        twin = {"max_model_len": max_model_len, "calls_wait_for_iteration": True}
+        return cls(**{**shared, **twin, **sim_only})
 
 
 class TimeUse(StrEnum):
@@ -188,10 +198,10 @@ class SimulatedWorker:
         await self._command(lambda: self.scheduler.release_session(session_id))
 
     async def export_kv(self, session_id: str, start: int, end: int) -> None:
-        """Hand out the KV of tokens ``[start, end)`` of a session: the copy waits for the
-        iteration in progress (a live worker copies it under the engine lock, so a move
-        starts only at the prefill worker's next iteration boundary). Raises
-        ``EngineStateError`` if the worker is stopped."""
+        """Hand out the KV of tokens ``[start, end)`` of a session. With
+        ``calls_wait_for_iteration`` the copy waits for the iteration in progress (a live
+        worker copies it under the engine lock, so a move starts only at the prefill worker's
+        next iteration boundary). Raises ``EngineStateError`` if the worker is stopped."""
         await self._next_boundary()
         if self._closed:
             raise EngineStateError(f"worker {self.worker_id} is stopped")
@@ -312,8 +322,10 @@ class SimulatedWorker:
         return await fut
 
     async def _next_boundary(self) -> None:
-        """Wait for the end of the iteration in progress, if any (a live worker answers
-        between iterations: the call waits for the engine lock)."""
+        """With ``calls_wait_for_iteration``, wait for the end of the iteration in progress,
+        if any (a live worker answers between iterations: the call waits for the engine lock)."""
+        if not self.config.calls_wait_for_iteration:
+            return
         now = asyncio.get_running_loop().time()
         ends = self._boundaries
         if ends and ends[-1] > now:
