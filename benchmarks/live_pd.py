@@ -208,7 +208,7 @@ def main() -> None:
         print(f"{name}: {profile.description or profile.name}", flush=True)
         row, tracker = fit(profile, model, config, vocab)
         print(
-            f"  fit batch on 2C: {row['fit_makespan_s']:.2f} s; predicted "
+            f"  fit batch on 2C: {row['batch_makespan_s']:.2f} s; predicted "
             + ", ".join(f"{k} {v:.2f} s" for k, v in row["predicted_s"].items())
             + f"; the engine chooses {row['chosen']} ({row['decision']['reason']})",
             flush=True,
