@@ -36,6 +36,7 @@ from pathlib import Path
 from pearl.apps.fidelity import measure_transfer, run_live_batch
 from pearl.control.decision import DecisionConfig, decide, evaluate_candidates
 from pearl.control.deployment import Deployment
+from pearl.control.rollout import BatchResult
 from pearl.control.state import Topology
 from pearl.control.tracker import RuntimeTracker
 from pearl.engine.config import EngineConfig
@@ -113,10 +114,15 @@ def refit(tracker: RuntimeTracker, result, log: list, current: Topology) -> dict
 
 
 def fit(
-    profile: AgenticProfile, model: ModelSpec, config: ModelConfig, vocab: int
+    profile: AgenticProfile,
+    model: ModelSpec,
+    config: ModelConfig,
+    vocab: int,
+    link: tuple[float, float],
 ) -> tuple[dict, RuntimeTracker]:
-    """One colocated batch, the tracker refitted on it, the engine's predictions and choice."""
-    latency, bandwidth = measure_transfer(model, ENGINE)
+    """One colocated batch, the tracker refitted on it, the engine's predictions and choice;
+    ``link`` is the measured (latency s, bandwidth B/s) of a KV move between two actors."""
+    latency, bandwidth = link
     batch = generate_batch(profile, seed=FIT_SEED)
     result, log = run_live_batch(batch, Deployment.parse("2C"), model, ENGINE, vocab)
     # The prior's KV link: the measured actor-to-actor move at a typical turn's size.
@@ -152,13 +158,13 @@ def breakdown(result, log: list) -> dict:
 
 def measure(
     profile: AgenticProfile, model: ModelSpec, vocab: int, repeats: int
-) -> tuple[dict, dict[str, tuple]]:
+) -> tuple[dict, dict[str, tuple[BatchResult, list]]]:
     """The same batch on each deployment, ``repeats`` times, alternating the order; also
     each deployment's first run (result, iteration log)."""
     batch = generate_batch(profile, seed=MEASURE_SEED)
     runs: dict[str, list[float]] = {d: [] for d in DEPLOYMENTS}
     where: dict[str, list[dict]] = {d: [] for d in DEPLOYMENTS}
-    first: dict[str, tuple] = {}
+    first: dict[str, tuple[BatchResult, list]] = {}
     for r in range(repeats):
         order = DEPLOYMENTS if r % 2 == 0 else DEPLOYMENTS[::-1]
         for label in order:
@@ -202,11 +208,12 @@ def main() -> None:
     model = ModelSpec(folder=str(folder))
     vocab = config.vocab_size
     start = time.perf_counter()
+    link = measure_transfer(model, ENGINE)  # a colocated batch moves no KV
     out = {}
     for name in args.workloads:
         profile = known[name]
         print(f"{name}: {profile.description or profile.name}", flush=True)
-        row, tracker = fit(profile, model, config, vocab)
+        row, tracker = fit(profile, model, config, vocab, link)
         print(
             f"  fit batch on 2C: {row['batch_makespan_s']:.2f} s; predicted "
             + ", ".join(f"{k} {v:.2f} s" for k, v in row["predicted_s"].items())
@@ -216,7 +223,8 @@ def main() -> None:
         row["measured"], first = measure(profile, model, vocab, args.repeats)
         # Where the engine chose the split: its next decision, refitted on a batch run there.
         if row["chosen"] != "2C":
-            again = refit(tracker, *first[row["chosen"]], Topology.split(1, 1))
+            result, log = first[row["chosen"]]
+            again = refit(tracker, result, log, Topology.split(1, 1))
             row["after_split_batch"] = again
             print(
                 "  refitted on its 1P1D batch: predicted "
