@@ -191,7 +191,9 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
         f"model.name={chat_model}",
         "cluster.policy=pearl-ungated",
         "cluster.preemptible_workers=1",
-        "cluster.availability=[[0, 1], [0.3, 0]]",
+        # Lost 50 ms into the pipeline: mid step 0 (3 steps of this run take ~0.1 s each
+        # on an idle core; at 0.3 s the run could finish before the change came).
+        "cluster.availability=[[0, 1], [0.05, 0]]",
         "rollout.tasks_per_step=2",
         "rollout.group_size=2",
         "rollout.max_new_tokens=8",
@@ -247,13 +249,14 @@ def run_with_kills(chat_model, tmp_path, steps: int, every_s: float):
 def test_killed_rollout_workers_are_replaced_and_no_trajectory_is_lost(
     chat_model, tmp_path, ray_runtime
 ):
-    kills, failures = run_with_kills(chat_model, tmp_path, steps=30, every_s=3.0)
+    # ~0.1 s a step on an idle core (several times that on a loaded one): >= 4 s of run.
+    kills, failures = run_with_kills(chat_model, tmp_path, steps=40, every_s=2.0)
     assert kills - 1 <= failures <= kills  # the last kill may land after the end
 
 
 @pytest.mark.slow
 def test_twenty_worker_kills_lose_or_duplicate_no_trajectory(chat_model, tmp_path, ray_runtime):
-    kills, failures = run_with_kills(chat_model, tmp_path, steps=300, every_s=2.5)
+    kills, failures = run_with_kills(chat_model, tmp_path, steps=300, every_s=1.5)
     assert kills >= 20 and kills - 1 <= failures <= kills
 
 
