@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from reportparse import parse_report
-from tiny_model import tiny_model
+from tiny_model import tiny_chat_model
 
 from pearl.config import ConfigError
 from pearl.control.agent_loop import AgentLoopConfig
@@ -21,32 +21,7 @@ from pearl.control.episode import EpisodeBatch, run_episode_batch
 from pearl.control.interfaces import AsyncioClock
 from pearl.control.router import Router
 from pearl.models.chat import ChatFormat
-from pearl.models.config import ModelConfig
-from pearl.models.loader import build_model, save_model
 from pearl.models.tokenizer import Tokenizer
-
-LLAMA = tiny_model(
-    "llama",
-    vocab_size=300,
-    max_position_embeddings=1024,
-    tie_word_embeddings=True,
-    eos_token_id=257,
-)
-
-
-def tiny_chat_model(folder):
-    """A random Llama with a byte-level tokenizer that knows ChatML's two special tokens."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])  # ids 256, 257
-    save_model(build_model(ModelConfig.from_dict(LLAMA), seed=0), folder)
-    tok.save(str(folder / "tokenizer.json"))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +75,7 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
         await worker.ready()
         router = Router()
         router.set_topology(colocated=[worker])
-        batch = EpisodeBatch(run.episodes("train", 0, 2, 2), 12, 1000)
+        batch = EpisodeBatch(run.episodes("train", 0, 2, 2, lambda _: None), 12, 1000)
         loop = AgentLoopConfig(vocab_size=300, temperature=1.0, seed=3)
         result = await run_episode_batch(batch, router, AsyncioClock(), loop)
         worker.kill()
@@ -411,3 +386,94 @@ def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, t
     assert summary["complete"] is False and summary["last_checkpoint"]
 
     assert not wait_until_gone(started, 30), "processes of the run outlived it"
+
+
+def test_an_installed_environment_package_trains_by_its_entry_point_name(chat_model, tmp_path):
+    """The example plug-in (examples/pearl-env-unscramble) installed into this environment
+    with pip, then ``pearl train env.name=unscramble`` in a fresh process: one step, and the
+    held-out evaluation on the plug-in's held-out words."""
+    root = Path(__file__).resolve().parents[2]
+    example = root / "examples" / "pearl-env-unscramble"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
+    subprocess.run([*pip, "--no-build-isolation", "-e", str(example)], check=True, timeout=300)
+    pearl = str(Path(sys.executable).parent / "pearl")
+    args = [
+        f"model.name={chat_model}",
+        "env.name=unscramble",
+        "env.options.max_tries=2",
+        "run.steps=1",
+        "run.eval_tasks=2",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=plugin",
+    ]
+    done = subprocess.run(
+        [pearl, "train", *args], capture_output=True, text=True, timeout=600, env=os.environ
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = tmp_path / "plugin"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["trajectories"] == 4
+    # The random model never answers in the format: every episode uses both tries.
+    assert rows[0]["turns"] == 8 and rows[0]["stop_reasons"] == {"done": 4}
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["before"]["tasks"] == 2 and summary["after"]["tasks"] == 2
+
+
+def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(
+    chat_model, tmp_path, ray_runtime, monkeypatch
+):
+    """A ``module:Class`` environment that raises on one task and hangs on another: those
+    episodes end with reward 0 (env_error / env_timeout events), are not trained on, and
+    the run finishes its steps."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    (tmp_path / "flaky_env.py").write_text(
+        "import asyncio\n"
+        "from pearl.envs.base import StepResult\n\n"
+        "class Flaky:\n"
+        "    system_prompt = 'Reply.'\n"
+        "    success = False\n\n"
+        "    async def reset(self, seed):\n"
+        "        self.seed = seed\n"
+        "        return 'Say something.'\n\n"
+        "    async def step(self, action):\n"
+        "        if self.seed == 1:\n"
+        "            raise KeyError('the task table has no row 1')\n"
+        "        if self.seed == 2:\n"
+        "            await asyncio.sleep(3600)\n"
+        "        return StepResult('ok', 1.0, True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [
+        f"model.name={chat_model}",
+        "env.name=flaky_env:Flaky",
+        "env.step_timeout_s=0.5",
+        "rollout.tasks_per_step=3",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "run.steps=2",
+        "run.eval_tasks=0",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=flaky",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["steps"] == 2
+    folder = tmp_path / "flaky"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    failures = [e for e in events if e.get("kind") in ("env_error", "env_timeout")]
+    # Step 0 has tasks 0-2, step 1 tasks 3-5: task 1 raises, task 2 hangs (2 episodes each).
+    assert rows[0]["stop_reasons"] == {"done": 2, "env_error": 2, "env_timeout": 2}
+    assert rows[0]["env_failures"] == 4 and rows[1]["env_failures"] == 0
+    assert rows[0]["reward_mean"] == pytest.approx(2 / 6)
+    assert sorted((e["kind"], e["seed"]) for e in failures) == [
+        ("env_error", 1),
+        ("env_error", 1),
+        ("env_timeout", 2),
+        ("env_timeout", 2),
+    ]
+    assert any("raised KeyError: 'the task table has no row 1'" in e["error"] for e in failures)

@@ -142,3 +142,27 @@ def test_checkpoint_resumes_the_same_next_step(tmp_path):
         a.model.named_parameters(), b.model.named_parameters(), strict=True
     ):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-7, msg=n)
+
+
+def test_episodes_the_environment_failed_are_not_trained_on():
+    """A failed episode (env_error / env_timeout) counts as reward 0 in the step's reward
+    but neither trains nor moves its group's baseline: the step equals one without it."""
+    import dataclasses
+
+    samples = rollout_samples(n=6)
+    failed = [
+        dataclasses.replace(samples[1], reward=0.0, stop_reason="env_error"),
+        dataclasses.replace(samples[3], reward=0.0, stop_reason="env_timeout"),
+        TrainSample((), (), (), 0.0, "g2", stop_reason="env_error"),  # failed at reset
+    ]
+    kept = [samples[0], samples[2], samples[4], samples[5]]
+    a = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3))
+    b = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3))
+    with_failures = a.train_step(TrainBatch(0, 7, 0, 0, samples=tuple(kept + failed)))
+    without = b.train_step(TrainBatch(0, 4, 0, 0, samples=tuple(kept)))
+    assert with_failures["env_failures"] == 3 and without["env_failures"] == 0
+    assert with_failures["loss"] == pytest.approx(without["loss"], abs=1e-7)
+    assert with_failures["trained_tokens"] == without["trained_tokens"]
+    assert with_failures["reward_mean"] == pytest.approx(sum(s.reward for s in kept) / 7)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb)

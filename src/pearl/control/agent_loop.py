@@ -36,6 +36,8 @@ class TrajectoryResult:
     setup_s: float = 0.0  # environment start before turn 0 (container, VM)
     reward: float | None = None  # episodes: the environment's reward
     sample: TrainSample | None = None  # episodes: what the trainer trains on
+    stop_reason: str | None = None  # episodes: why it ended (pearl.control.episode.STOP_*)
+    error: str | None = None  # episodes: the environment's failure, when it failed
 
     @property
     def generated_tokens(self) -> int:

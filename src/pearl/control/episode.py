@@ -21,6 +21,23 @@ from pearl.control.interfaces import Clock, TrainSample, TurnRequest
 from pearl.control.rollout import BatchResult
 from pearl.control.router import Router
 
+# Why an episode ended (``TrajectoryResult.stop_reason``, ``TrainSample.stop_reason``).
+STOP_DONE = "done"  # the environment said so
+STOP_MAX_TURNS = "max_turns"  # the per-trajectory turn budget
+STOP_CONTEXT_FULL = "context_full"  # no room left under max_context_tokens for a reply
+STOP_ENV_ERROR = "env_error"  # the environment raised or answered with the wrong type
+STOP_ENV_TIMEOUT = "env_timeout"  # the environment did not answer in time
+ENV_FAILURES = (STOP_ENV_ERROR, STOP_ENV_TIMEOUT)
+
+
+class EpisodeAborted(Exception):
+    """Raised by an episode whose environment failed (``reason``: one of ENV_FAILURES):
+    the trajectory ends there with reward 0, and the run goes on."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 class Episode(Protocol):
     """One trajectory's environment, seen in tokens."""
@@ -44,8 +61,9 @@ class EpisodeBatch:
     """A rollout batch of episodes: ``(session id, episode)`` pairs, G per task."""
 
     episodes: list[tuple[str, Episode]]
-    max_new_tokens: int
-    max_context_tokens: int
+    max_new_tokens: int  # per turn
+    max_context_tokens: int  # per trajectory
+    max_turns: int | None = None  # per trajectory (None: until the environment ends it)
 
     @property
     def num_trajectories(self) -> int:
@@ -60,18 +78,28 @@ async def run_episode(
     config: AgentLoopConfig,
     max_new_tokens: int,
     max_context_tokens: int,
+    max_turns: int | None = None,
 ) -> TrajectoryResult:
-    """Run ``episode`` to its end (or until its context is full)."""
+    """Run ``episode`` until it ends, its context is full or it used ``max_turns`` turns;
+    the result says which (``stop_reason``). An environment failure ends it with reward 0."""
     result = TrajectoryResult(session_id, None, started_at=clock.now())
-    context = list(await episode.start())
+    try:
+        context = list(await episode.start())
+    except EpisodeAborted as exc:
+        return _aborted(result, exc, [], [], [], episode, clock)
     mask = [0] * len(context)
     logprobs = [0.0] * len(context)
     reward = 0.0
     appended = len(context)
     k = 0
+    stop = STOP_DONE
     while True:
+        if max_turns is not None and k >= max_turns:
+            stop = STOP_MAX_TURNS
+            break
         budget = min(max_new_tokens, max_context_tokens - len(context))
         if budget < 1:
+            stop = STOP_CONTEXT_FULL
             break
         request_id = f"{session_id}/t{k}"
         request = TurnRequest(
@@ -94,24 +122,63 @@ async def run_episode(
         mask += [1] * len(out.token_ids)
         logprobs += list(out.logprobs)
         env_start = clock.now()
-        observation, turn_reward, done = await episode.respond(out.token_ids)
+        try:
+            observation, turn_reward, done = await episode.respond(out.token_ids)
+        except EpisodeAborted as exc:
+            result.env_s.append(clock.now() - env_start)
+            await router.end_session(session_id)
+            return _aborted(result, exc, context, mask, logprobs, episode, clock)
         result.env_s.append(clock.now() - env_start)
         reward += turn_reward
         k += 1
         if done:
+            break
+        if len(context) + len(observation) >= max_context_tokens:
+            # No room for a reply after it: the observation is dropped (never trained on),
+            # so a sample stays within the trajectory's token budget.
+            stop = STOP_CONTEXT_FULL
             break
         context = context + observation
         mask += [0] * len(observation)
         logprobs += [0.0] * len(observation)
         appended = len(observation)
     await router.end_session(session_id)
+    return _finish(result, context, mask, logprobs, reward, episode, stop, clock)
+
+
+def _finish(
+    result: TrajectoryResult,
+    context: list[int],
+    mask: list[int],
+    logprobs: list[float],
+    reward: float,
+    episode: Episode,
+    stop: str,
+    clock: Clock,
+    success: bool | None = None,
+) -> TrajectoryResult:
     result.finished_at = clock.now()
     result.context_tokens = len(context)
     result.reward = reward
+    result.stop_reason = stop
+    success = episode.success if success is None else success
     result.sample = TrainSample(
-        tuple(context), tuple(mask), tuple(logprobs), reward, episode.group, episode.success
+        tuple(context), tuple(mask), tuple(logprobs), reward, episode.group, success, stop
     )
     return result
+
+
+def _aborted(
+    result: TrajectoryResult,
+    exc: EpisodeAborted,
+    context: list[int],
+    mask: list[int],
+    logprobs: list[float],
+    episode: Episode,
+    clock: Clock,
+) -> TrajectoryResult:
+    result.error = str(exc)
+    return _finish(result, context, mask, logprobs, 0.0, episode, exc.reason, clock, False)
 
 
 async def run_episode_batch(
@@ -133,6 +200,7 @@ async def run_episode_batch(
             config,
             batch.max_new_tokens,
             batch.max_context_tokens,
+            batch.max_turns,
         )
         if on_trajectory is not None:
             on_trajectory(result)

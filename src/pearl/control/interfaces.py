@@ -139,6 +139,9 @@ class TrainSample:
     reward: float
     group: str
     success: bool = False
+    stop_reason: str = "done"
+    """Why the episode ended; an environment failure (``env_error`` / ``env_timeout``) is
+    not trained on (pearl.control.episode)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -1,20 +1,11 @@
-"""Multi-turn environments with verifiable rewards, for live agentic RL (pure Python)."""
+"""Multi-turn environments with verifiable rewards, for live agentic RL (pure Python).
+
+Environments come from installed packages (the ``pearl.envs`` entry-point group, which the
+built-in ``calculator`` and ``guess`` use too) or from a ``package.module:Class`` path:
+``pearl.envs.registry``. The protocol: ``pearl.envs.base`` and docs/environments.md.
+"""
 
 from pearl.envs.base import Environment, StepResult, split_seed
+from pearl.envs.registry import installed_envs, make_env
 
-
-def make_env(name: str, **options) -> Environment:
-    """A fresh environment by name: ``calculator`` or ``guess`` (options are its arguments)."""
-    from pearl.envs.calculator import CalculatorEnv
-    from pearl.envs.guess import GuessEnv
-
-    kinds = {"calculator": CalculatorEnv, "guess": GuessEnv}
-    if name not in kinds:
-        raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(kinds)}")
-    try:
-        return kinds[name](**options)
-    except TypeError as exc:  # an unknown or missing option
-        raise ValueError(f"environment {name!r}: {exc}") from None
-
-
-__all__ = ["Environment", "StepResult", "make_env", "split_seed"]
+__all__ = ["Environment", "StepResult", "installed_envs", "make_env", "split_seed"]

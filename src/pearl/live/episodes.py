@@ -1,38 +1,116 @@
 """Text environments as token-level episodes: the model's reply is decoded for the
-environment, its observation encoded in ChatML for the model."""
+environment, its observation encoded in ChatML for the model.
+
+The environment is someone else's code: every call is timed out (``step_timeout_s``),
+its answer's type is checked, and an exception, a wrong type or a timeout ends the
+episode (``EpisodeAborted``: reward 0, not trained on) with an ``env_error`` event instead
+of ending the run. ``reset`` and ``step`` may be coroutines or plain functions (a plain one
+runs in a thread, so a slow one does not stall the other episodes and can time out).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
+from collections.abc import Callable
+from typing import Any
 
-from pearl.envs.base import Environment
+from pearl.control.episode import STOP_ENV_ERROR, STOP_ENV_TIMEOUT, EpisodeAborted
+from pearl.envs.base import Environment, StepResult
 from pearl.models.chat import ChatFormat
 
 
 class TextEpisode:
     """One trajectory of ``env`` on task ``seed``; ``group`` names the task (GRPO groups)."""
 
-    def __init__(self, env: Environment, seed: int, chat: ChatFormat, group: str) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        seed: int,
+        chat: ChatFormat,
+        group: str,
+        step_timeout_s: float | None = None,
+        log: Callable[[dict], None] | None = None,
+    ) -> None:
         self.env = env
         self.seed = seed
         self.chat = chat
         self.group = group
+        self.step_timeout_s = step_timeout_s
+        self.log = log
         self.env_seconds: list[float] = []  # per environment call
 
     async def start(self) -> list[int]:
-        t0 = time.perf_counter()
-        first = await self.env.reset(self.seed)
-        self.env_seconds.append(time.perf_counter() - t0)
-        return self.chat.prompt(self.env.system_prompt, first, self.env.demonstration)
+        first = await self._call("reset", self.seed)
+        if not isinstance(first, str):
+            self._fail("reset", STOP_ENV_ERROR, f"returned {type(first).__name__}, not str")
+        demonstration = tuple(getattr(self.env, "demonstration", ()))
+        return self.chat.prompt(self.env.system_prompt, first, demonstration)
 
     async def respond(self, reply: list[int]) -> tuple[list[int], float, bool]:
-        t0 = time.perf_counter()
-        result = await self.env.step(self.chat.text(reply))
-        self.env_seconds.append(time.perf_counter() - t0)
+        result = await self._call("step", self.chat.text(reply))
+        if not isinstance(result, StepResult):
+            result = _as_step_result(result)
+            if result is None:
+                self._fail("step", STOP_ENV_ERROR, "did not return a StepResult")
+        assert result is not None
+        if not isinstance(result.observation, str) or not _is_number(result.reward):
+            self._fail(
+                "step",
+                STOP_ENV_ERROR,
+                f"returned observation {type(result.observation).__name__} and reward "
+                f"{type(result.reward).__name__}; expected str and a finite number",
+            )
         if result.done:
-            return [], result.reward, True
-        return self.chat.next_turn(reply, result.observation), result.reward, False
+            return [], float(result.reward), True
+        return self.chat.next_turn(reply, result.observation), float(result.reward), False
 
     @property
     def success(self) -> bool:
-        return self.env.success
+        return bool(self.env.success)
+
+    async def _call(self, method: str, arg: Any) -> Any:
+        fn = getattr(self.env, method)
+        t0 = time.perf_counter()
+        try:
+            if inspect.iscoroutinefunction(fn):
+                call = fn(arg)
+            else:
+                call = asyncio.to_thread(fn, arg)
+            out = await asyncio.wait_for(call, self.step_timeout_s)
+            if inspect.isawaitable(out):  # a plain function that returned a coroutine
+                out = await asyncio.wait_for(out, self.step_timeout_s)
+            return out
+        except TimeoutError as exc:
+            if self.step_timeout_s is None:  # the environment's own timeout
+                self._fail(method, STOP_ENV_ERROR, f"raised TimeoutError: {exc}")
+            self._fail(method, STOP_ENV_TIMEOUT, f"took more than {self.step_timeout_s:g} s")
+        except EpisodeAborted:
+            raise
+        except Exception as exc:  # the environment's own bug: this episode ends, the run goes on
+            self._fail(method, STOP_ENV_ERROR, f"raised {type(exc).__name__}: {exc}")
+        finally:
+            self.env_seconds.append(time.perf_counter() - t0)
+
+    def _fail(self, method: str, reason: str, what: str) -> None:
+        name = f"{type(self.env).__module__}.{type(self.env).__qualname__}"
+        message = f"environment {name}.{method}() on task seed {self.seed} {what}"
+        if self.log is not None:
+            self.log({"kind": reason, "group": self.group, "seed": self.seed, "error": message})
+        raise EpisodeAborted(reason, message)
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return value == value and abs(float(value)) != float("inf")
+    except (TypeError, ValueError):
+        return False
+
+
+def _as_step_result(value: Any) -> StepResult | None:
+    """A ``(observation, reward, done[, info])`` tuple as a StepResult (None otherwise)."""
+    if isinstance(value, tuple) and len(value) in (3, 4):
+        info = value[3] if len(value) == 4 and isinstance(value[3], dict) else {}
+        return StepResult(value[0], value[1], bool(value[2]), info)
+    return None

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pearl.control.episode import ENV_FAILURES
 from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
 from pearl.errors import CheckpointError
 from pearl.live.grpo import clipped_token_loss, group_advantages
@@ -135,9 +136,13 @@ class GRPOTrainer:
         """One GRPO step on ``batch.samples``; returns what it measured."""
         if self.lent:
             raise DeviceLentError("the trainer's device is lent to rollout; restore it first")
-        samples = list(batch.samples)
-        if not samples:
+        every = list(batch.samples)
+        if not every:
             raise ValueError(f"train step {batch.step} has no samples")
+        # An episode its environment failed (raised, wrong type, timed out) says nothing
+        # about the policy: it counts as reward 0 in the step's reward, but neither trains
+        # nor moves its group's baseline.
+        samples = [s for s in every if s.stop_reason not in ENV_FAILURES]
         t0 = time.perf_counter()
         advantages = group_advantages([s.reward for s in samples], [s.group for s in samples])
         total = sum(sum(s.loss_mask[1:]) for s in samples)
@@ -166,7 +171,7 @@ class GRPOTrainer:
                 raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
             self.optimizer.step()
         self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
-        rewards = [s.reward for s in samples]
+        rewards = [s.reward for s in every]
         return {
             "loss": loss_sum,
             "grad_norm": grad_norm,
@@ -174,10 +179,11 @@ class GRPOTrainer:
             "mean_ratio": ratio_sum / max(1.0, tokens),
             "trained_tokens": tokens,
             "batch_tokens": float(total),
-            "skipped_trajectories": float(len(samples) - len(useful)),
+            "skipped_trajectories": float(len(every) - len(useful)),
+            "env_failures": float(len(every) - len(samples)),
             "reward_mean": float(np.mean(rewards)),
             "reward_std": float(np.std(rewards)),
-            "success_rate": float(np.mean([s.success for s in samples])),
+            "success_rate": float(np.mean([s.success for s in every])),
             "seconds": time.perf_counter() - t0,
         }
 

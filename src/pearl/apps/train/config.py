@@ -18,9 +18,19 @@ class TrainModelSection(_Section):
 
 
 class TrainEnvSection(_Section):
-    name: str = Field("calculator", description="calculator or guess")
+    name: str = Field(
+        "calculator",
+        description="an installed environment (calculator, guess, or one a package declares "
+        "under the pearl.envs entry points) or package.module:Class (docs/environments.md)",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="the environment's arguments, e.g. {level: easy}"
+    )
+    step_timeout_s: float | None = Field(
+        60.0,
+        gt=0,
+        description="seconds one reset/step may take; longer ends the episode (env_timeout, "
+        "reward 0, not trained on) and the run goes on (null: no limit)",
     )
 
 
@@ -29,7 +39,10 @@ class TrainRolloutSection(_Section):
     tasks_per_step: int = Field(8, ge=1, le=1024)
     group_size: int = Field(4, ge=2, le=64, description="trajectories per task (GRPO group)")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="per turn")
-    max_context_tokens: int = Field(768, ge=16, le=32768)
+    max_context_tokens: int = Field(768, ge=16, le=32768, description="per trajectory")
+    max_turns: int | None = Field(
+        None, ge=1, le=1000, description="per trajectory (null: until the environment ends it)"
+    )
     temperature: float = Field(
         0.7, gt=0, le=2.0, description="sampling temperature (the trainer's ratio uses it too)"
     )

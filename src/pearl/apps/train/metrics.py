@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from typing import Any
 
 
@@ -39,6 +40,8 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "train_tokens": int(stats.get("batch_tokens", 0)),
         "scored_tokens": int(stats.get("trained_tokens", 0)),
         "skipped_trajectories": int(stats.get("skipped_trajectories", 0)),
+        "env_failures": int(stats.get("env_failures", 0)),
+        "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
         "rollout_s": rollout_s,
         "train_s": rec.train_finished - rec.train_started,
         "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,
@@ -57,7 +60,11 @@ def rollout_shapes(rec, iterations: list) -> dict[str, Any]:
     the tokens every first prompt shares; the engines' iterations (prefill chunks as
     ``[tokens, cached]``, decode contexts, seconds)."""
     trajectories = rec.result.trajectories
-    prompts = [t.sample.token_ids[: t.appended_tokens[0]] for t in trajectories if t.sample]
+    prompts = [
+        t.sample.token_ids[: t.appended_tokens[0]]
+        for t in trajectories
+        if t.sample and t.appended_tokens  # (an episode whose reset failed has no prompt)
+    ]
     shared = len(os.path.commonprefix(prompts)) if prompts else 0  # works on lists too
     return {
         "step": rec.step,

@@ -35,7 +35,7 @@ class TrainRun:
     actors and trains (``_LiveRun``)."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> None:
-        from pearl.envs import make_env
+        from pearl.envs.registry import env_factory
         from pearl.models.catalog import resolve_model
         from pearl.models.chat import ChatFormat
         from pearl.models.config import ModelConfig
@@ -43,22 +43,25 @@ class TrainRun:
 
         self.cfg = cfg
         self.log = log or logging.getLogger(__name__).info
-        make_env(cfg.env.name, **cfg.env.options)  # fail on bad options before starting actors
+        # Resolved and tried once now: a bad name or option fails before any actor starts.
+        self.make_env = env_factory(cfg.env.name, cfg.env.options)
         self.folder = resolve_model(cfg.model.name, log=self.log)
         self.model_config = ModelConfig.from_folder(self.folder)
         self.chat = ChatFormat(Tokenizer(self.folder))
 
-    def episodes(self, split: str, first: int, tasks: int, group: int):
-        """``tasks`` x ``group`` episodes of the tasks ``first``.. of ``split``."""
-        from pearl.envs import make_env, split_seed
+    def episodes(self, split: str, first: int, tasks: int, group: int, log: Callable[[dict], None]):
+        """``tasks`` x ``group`` episodes of the tasks ``first``.. of ``split``; environment
+        failures go to ``log``."""
+        from pearl.envs import split_seed
         from pearl.live.episodes import TextEpisode
 
+        timeout = self.cfg.env.step_timeout_s
         out = []
         for t in range(first, first + tasks):
             seed = split_seed(split, t)
             for g in range(group):
-                env = make_env(self.cfg.env.name, **self.cfg.env.options)
-                out.append((f"{split}{t}/{g}", TextEpisode(env, seed, self.chat, f"{split}{t}")))
+                episode = TextEpisode(self.make_env(), seed, self.chat, f"{split}{t}", timeout, log)
+                out.append((f"{split}{t}/{g}", episode))
         return out
 
     def run(self, resume: str | None = None) -> dict[str, Any]:
@@ -160,8 +163,10 @@ class _LiveRun:
         from pearl.control.episode import EpisodeBatch
 
         rollout = self.cfg.rollout
-        episodes = self.run.episodes(split, first, tasks, group)
-        return EpisodeBatch(episodes, rollout.max_new_tokens, rollout.max_context_tokens)
+        episodes = self.run.episodes(split, first, tasks, group, self.log_event)
+        return EpisodeBatch(
+            episodes, rollout.max_new_tokens, rollout.max_context_tokens, rollout.max_turns
+        )
 
     def _loop_config(self, temperature: float):
         from pearl.control.agent_loop import AgentLoopConfig

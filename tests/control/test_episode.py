@@ -1,0 +1,99 @@
+"""Episodes in the control plane: why each one ended (the environment, the turn budget, the
+context budget, an environment failure) and what a failed one leaves for the trainer."""
+
+import pytest
+
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.episode import EpisodeAborted, EpisodeBatch, run_episode_batch
+from pearl.control.interfaces import AsyncioClock
+from pearl.control.router import Router
+from pearl.sim.clock import run_virtual
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+
+
+class FlatCost:
+    def iteration_time(self, prefills, decode_contexts):
+        return 0.01
+
+    def decode_time(self, batch_size, total_context):
+        return 0.01
+
+    def decode_times(self, batch_size, total_context, steps):
+        return [0.01] * steps
+
+
+class Scripted:
+    """An episode that rewards every turn with 1, ends after ``turns`` turns, and fails
+    (``EpisodeAborted``) at start or at turn ``fail_at``."""
+
+    def __init__(self, group, turns=3, fail_at=None, observation=10):
+        self.group, self.turns, self.fail_at, self.observation = group, turns, fail_at, observation
+        self.k = 0
+
+    async def start(self):
+        if self.fail_at == 0:
+            raise EpisodeAborted("env_error", "reset raised")
+        return list(range(1, 21))
+
+    async def respond(self, reply):
+        self.k += 1
+        if self.fail_at == self.k:
+            raise EpisodeAborted("env_timeout", f"step {self.k} hung")
+        return [7] * self.observation, 1.0, self.k >= self.turns
+
+    @property
+    def success(self):
+        return self.k >= self.turns
+
+
+def run(episodes, max_new_tokens=4, max_context_tokens=1000, max_turns=None):
+    async def main():
+        worker = SimulatedWorker(
+            "w0", FlatCost(), SimEngineConfig(num_kv_blocks=256), vocab_size=100
+        )
+        router = Router()
+        router.set_topology(colocated=[worker])
+        batch = EpisodeBatch(
+            [(f"s{i}", e) for i, e in enumerate(episodes)],
+            max_new_tokens,
+            max_context_tokens,
+            max_turns,
+        )
+        cfg = AgentLoopConfig(vocab_size=100, seed=0)
+        result = await run_episode_batch(batch, router, AsyncioClock(), cfg)
+        worker.close()
+        return result.trajectories
+
+    return run_virtual(main)[0]
+
+
+def test_each_episode_says_why_it_ended():
+    done, capped, full = run([Scripted("a", turns=2), Scripted("b", turns=9)], max_turns=3) + run(
+        [Scripted("c", turns=99, observation=200)], max_context_tokens=500
+    )
+    assert (done.stop_reason, len(done.turns), done.reward) == ("done", 2, 2.0)
+    assert (capped.stop_reason, len(capped.turns), capped.reward) == ("max_turns", 3, 3.0)
+    assert full.stop_reason == "context_full" and full.sample.stop_reason == "context_full"
+    # The observation that left no room for a reply is dropped: the sample ends with the
+    # model's last reply and stays within the budget.
+    assert len(full.sample.token_ids) <= 500 and full.sample.loss_mask[-1] == 1
+    assert all(t.error is None for t in (done, capped, full))
+
+
+def test_a_failed_environment_ends_its_episode_with_reward_0_and_the_batch_goes_on():
+    ok, hung, dead = run([Scripted("a"), Scripted("a", fail_at=2), Scripted("a", fail_at=0)])
+    assert ok.stop_reason == "done" and ok.reward == 3.0
+    # Failed at its second step: its two turns' tokens are kept, the reward is 0.
+    assert (hung.stop_reason, hung.reward, len(hung.turns)) == ("env_timeout", 0.0, 2)
+    assert hung.error == "step 2 hung" and hung.sample.reward == 0.0
+    assert not hung.sample.success and sum(hung.sample.loss_mask) == sum(
+        len(t.token_ids) for t in hung.turns
+    )
+    # Failed at reset: no turn ran, the sample is empty.
+    assert (dead.stop_reason, dead.turns, dead.sample.token_ids) == ("env_error", [], ())
+
+
+@pytest.mark.parametrize("max_turns", [0, -1])
+def test_turn_budget_below_one_runs_no_turn(max_turns):
+    (t,) = run([Scripted("a")], max_turns=max_turns)
+    assert t.stop_reason == "max_turns" and t.turns == []

@@ -1,0 +1,109 @@
+"""Text episodes guard the user's environment: exceptions, wrong types and hangs end the
+episode (EpisodeAborted, logged), plain-function environments run in a thread."""
+
+import asyncio
+import time
+
+import pytest
+from tiny_model import tiny_chat_tokenizer
+
+from pearl.control.episode import EpisodeAborted
+from pearl.envs.base import StepResult
+from pearl.live.episodes import TextEpisode
+from pearl.models.chat import ChatFormat
+from pearl.models.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    return ChatFormat(Tokenizer(tiny_chat_tokenizer(tmp_path_factory.mktemp("tok"))))
+
+
+class Env:
+    system_prompt = "sys"
+
+    def __init__(self, step=None, reset=None):
+        self._step, self._reset = step, reset
+        self.success = False
+
+    async def reset(self, seed):
+        return "task" if self._reset is None else self._reset()
+
+    async def step(self, action):
+        return self._step(action)
+
+
+def episode(chat, env, timeout=None):
+    events = []
+    return TextEpisode(env, 7, chat, "train0", timeout, events.append), events
+
+
+def test_a_good_step_appends_the_observation(chat):
+    ep, events = episode(chat, Env(step=lambda a: StepResult(f"got {a}", 0.5, False)))
+    prompt = asyncio.run(ep.start())
+    assert chat.tokenizer.decode(prompt).endswith("user\ntask<|im_end|>\n<|im_start|>assistant\n")
+    appended, reward, done = asyncio.run(ep.respond(chat.tokenizer.encode("hi")))
+    assert reward == 0.5 and not done and "got hi" in chat.tokenizer.decode(appended)
+    assert events == [] and len(ep.env_seconds) == 2
+
+
+@pytest.mark.parametrize(
+    "step, reason, message",
+    [
+        (lambda a: 1 / 0, "env_error", r"step\(\) on task seed 7 raised ZeroDivisionError"),
+        (lambda a: "just text", "env_error", r"did not return a StepResult"),
+        (lambda a: StepResult(3, 1.0, False), "env_error", r"observation int"),
+        (lambda a: StepResult("x", float("nan"), False), "env_error", r"finite number"),
+    ],
+)
+def test_a_failing_step_aborts_the_episode_and_is_logged(chat, step, reason, message):
+    ep, events = episode(chat, Env(step=step))
+    asyncio.run(ep.start())
+    with pytest.raises(EpisodeAborted, match=message) as info:
+        asyncio.run(ep.respond(chat.tokenizer.encode("hi")))
+    assert info.value.reason == reason
+    assert [(e["kind"], e["group"], e["seed"]) for e in events] == [(reason, "train0", 7)]
+    assert "test_episodes.Env.step()" in events[0]["error"]
+
+
+def test_a_reset_that_fails_or_returns_a_non_string_aborts(chat):
+    for reset, message in [(lambda: {"x": 1}, "returned dict, not str"), (lambda: [][1], "Index")]:
+        ep, events = episode(chat, Env(reset=reset))
+        with pytest.raises(EpisodeAborted, match=message):
+            asyncio.run(ep.start())
+        assert events[0]["kind"] == "env_error"
+
+
+def test_a_hanging_step_times_out_without_stalling_other_episodes(chat):
+    class Hangs(Env):
+        async def step(self, action):
+            await asyncio.sleep(3600)
+
+    class Blocks:  # a plain, blocking function: it runs in a thread and can time out too
+        system_prompt = "sys"
+        success = False
+
+        def reset(self, seed):
+            return "task"
+
+        def step(self, action):
+            time.sleep(1.0)
+            return StepResult("late", 0.0, True)
+
+    async def main():
+        eps = [episode(chat, Hangs(), timeout=0.2)[0], episode(chat, Blocks(), timeout=0.2)[0]]
+        good = episode(chat, Env(step=lambda a: StepResult("ok", 1.0, True)), timeout=0.2)[0]
+        t0 = time.perf_counter()
+        for ep in [*eps, good]:
+            await ep.start()
+        results = await asyncio.gather(
+            *(ep.respond(chat.tokenizer.encode("hi")) for ep in [*eps, good]),
+            return_exceptions=True,
+        )
+        return results, time.perf_counter() - t0
+
+    (hung, blocked, ok), seconds = asyncio.run(main())
+    assert isinstance(hung, EpisodeAborted) and hung.reason == "env_timeout"
+    assert isinstance(blocked, EpisodeAborted) and blocked.reason == "env_timeout"
+    assert "took more than 0.2 s" in str(hung) and ok == ([], 1.0, True)
+    assert seconds < 0.9  # neither waited for the other
