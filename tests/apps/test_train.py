@@ -83,16 +83,25 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
 
     result = asyncio.run(main())
     assert len(result.trajectories) == 4
+    tokenizer = Tokenizer(chat_model)
+    drifted = 0
     for t in result.trajectories:
         s = t.sample
         generated = [tok for out in t.turns for tok in out.token_ids]
+        # Exact tokens: the trainer gets the ids the engine sampled, even where decoding
+        # them and encoding the text again gives other ids (here: byte tokens that are not
+        # valid UTF-8 come back as U+FFFD's three bytes).
         assert [tok for tok, m in zip(s.token_ids, s.loss_mask, strict=True) if m] == generated
+        for out in t.turns:
+            reply = [i for i in out.token_ids if i < 256]  # its bytes, special tokens aside
+            drifted += tokenizer.encode(tokenizer.decode(reply)) != reply
         assert [lp for lp, m in zip(s.logprobs, s.loss_mask, strict=True) if m] == pytest.approx(
             [lp for out in t.turns for lp in out.logprobs]
         )
         # Random weights never follow the format: every turn up to max_turns is used.
         assert len(t.turns) == 3 and s.reward == 0.0 and s.group.startswith("train")
     assert {t.sample.group for t in result.trajectories} == {"train0", "train1"}
+    assert drifted > 0  # re-tokenized text would have trained on other ids than sampled
 
 
 def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ray_runtime):
