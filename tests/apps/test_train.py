@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from reportparse import parse_report
 from tiny_model import tiny_chat_model
+from wandb_records import history
 
 from pearl.config import ConfigError
 from pearl.control.agent_loop import AgentLoopConfig
@@ -417,9 +418,11 @@ def test_an_installed_environment_package_trains_by_its_entry_point_name(chat_mo
         "rollout.max_new_tokens=8",
         f"run.run_dir={tmp_path}",
         "run.run_name=plugin",
+        "logger.wandb=true",  # offline (WANDB_MODE): the same scalars, read back below
     ]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     done = subprocess.run(
-        [pearl, "train", *args], capture_output=True, text=True, timeout=600, env=os.environ
+        [pearl, "train", *args], capture_output=True, text=True, timeout=600, env=env
     )
     assert done.returncode == 0, done.stdout + done.stderr
     folder = tmp_path / "plugin"
@@ -429,6 +432,11 @@ def test_an_installed_environment_package_trains_by_its_entry_point_name(chat_mo
     assert rows[0]["turns"] == 8 and rows[0]["stop_reasons"] == {"done": 4}
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["before"]["tasks"] == 2 and summary["after"]["tasks"] == 2
+    (run_file,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    logged = {k: v for row in history(run_file) for k, v in row.items()}
+    for key in ("reward_mean", "loss", "rollout_tokens", "env_failures"):
+        assert logged[f"train/{key}"] == pytest.approx(rows[0][key])
+    assert logged["eval_after/success_rate"] == summary["after"]["success_rate"]
 
 
 def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(

@@ -120,6 +120,15 @@ class TrainClusterSection(_Section):
         return value
 
 
+class TrainLoggerSection(_Section):
+    wandb: bool = Field(
+        False,
+        description="also log the scalars to Weights & Biases (pip install wandb); offline "
+        "without an API key, WANDB_MODE overrides",
+    )
+    wandb_project: str = Field("pearl", min_length=1, description="the W&B project")
+
+
 class TrainConfig(_Section):
     model: TrainModelSection = Field(default_factory=TrainModelSection)
     cluster: TrainClusterSection = Field(default_factory=TrainClusterSection)
@@ -127,6 +136,7 @@ class TrainConfig(_Section):
     rollout: TrainRolloutSection = Field(default_factory=TrainRolloutSection)
     trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
     run: TrainRunSection = Field(default_factory=TrainRunSection)
+    logger: TrainLoggerSection = Field(default_factory=TrainLoggerSection)
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

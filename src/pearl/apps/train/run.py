@@ -12,6 +12,7 @@ step the policy is evaluated on held-out tasks. The run folder gets the config,
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import random
 import signal
@@ -45,6 +46,11 @@ class TrainRun:
         self.log = log or logging.getLogger(__name__).info
         # Resolved and tried once now: a bad name or option fails before any actor starts.
         self.make_env = env_factory(cfg.env.name, cfg.env.options)
+        if cfg.logger.wandb and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "logger.wandb: true needs the wandb package (pip install 'pearl-rollout[wandb]'"
+                " or pip install wandb)"
+            )
         self.folder = resolve_model(cfg.model.name, log=self.log)
         self.model_config = ModelConfig.from_folder(self.folder)
         self.chat = ChatFormat(Tokenizer(self.folder))
@@ -111,7 +117,12 @@ class _LiveRun:
         self.folder = RunFolder(cfg.run.run_dir, name)
         self.folder.write_config(dump_config(cfg))
         run.log(f"run folder: {self.folder.path}")
-        self.board = ScalarLog(self.folder.path)
+        self.boards: list[Any] = [ScalarLog(self.folder.path)]
+        if cfg.logger.wandb:
+            from pearl.report.wandb_log import WandbLog
+
+            config = cfg.model_dump(mode="json")
+            self.boards.append(WandbLog(self.folder.path, cfg.logger.wandb_project, name, config))
         spec = ModelSpec(folder=str(run.folder))
         t = cfg.trainer
         self.trainer = LiveTrainer(
@@ -142,6 +153,11 @@ class _LiveRun:
         self.plane = self.driver.plane
         self.rows: list[dict[str, Any]] = []
         self.first_step = 0
+
+    def scalars(self, prefix: str, row: dict[str, Any], step: int) -> None:
+        """A row's numbers to TensorBoard (and W&B when on)."""
+        for board in self.boards:
+            board.scalars(prefix, row, step)
 
     def log_event(self, event: dict) -> None:
         self.folder.event({**event, "t": round(time.monotonic() - self.started, 3)})
@@ -198,7 +214,7 @@ class _LiveRun:
             "seconds": time.monotonic() - t0,
         }
         self.folder.event({"kind": "eval", **row})
-        self.board.scalars(f"eval_{tag}", row, self.trainer.weight_version)
+        self.scalars(f"eval_{tag}", row, self.trainer.weight_version)
         self.run.log(
             f"eval ({tag}, v{row['weight_version']}): success {row['successes']}/"
             f"{row['tasks']} = {100 * row['success_rate']:.1f}% "
@@ -298,7 +314,8 @@ class _LiveRun:
         import ray
 
         self.folder.close()
-        self.board.close()
+        for board in self.boards:
+            board.close()
         self.world.kill_all()
         ray.kill(self.trainer.actor)
 
@@ -325,7 +342,7 @@ class _StepRecorder:
         row["borrowed"] = bool(live.plane.toggle and live.plane.toggle.borrowed)
         live.rows.append(row)
         live.folder.metric(row)
-        live.board.scalars("train", row, row["step"])
+        live.scalars("train", row, row["step"])
         iterations = self.feed.iterations.pop(rec.step, [])
         live.folder.append("rollouts.jsonl", rollout_shapes(rec, iterations))
         self.progress.advance(

@@ -1,0 +1,40 @@
+"""Weights & Biases scalars, offline: what ``WandbLog`` writes, read back from the run file."""
+
+import pytest
+
+pytest.importorskip("wandb")
+
+from wandb_records import history  # noqa: E402
+
+from pearl.report.wandb_log import WandbLog, wandb_mode  # noqa: E402
+
+
+def test_offline_run_keeps_every_finite_scalar_per_prefix_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log = WandbLog(tmp_path, "pearl-test", "unit", {"rollout": {"group_size": 4}})
+    log.scalars("eval_before", {"success_rate": 0.25, "tasks": 8}, 0)
+    log.scalars("train", {"loss": 1.5, "reward_mean": 0.25, "done": True, "x": float("nan")}, 0)
+    log.scalars("train", {"loss": 1.0, "reward_mean": 0.5, "note": "text"}, 1)
+    log.scalars("eval_after", {"success_rate": 0.5}, 2)
+    log.close()
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in history(run_file)]
+    assert rows == [
+        {"eval_before/success_rate": 0.25, "eval_before/tasks": 8, "eval_before/step": 0},
+        {"train/loss": 1.5, "train/reward_mean": 0.25, "train/step": 0},
+        {"train/loss": 1.0, "train/reward_mean": 0.5, "train/step": 1},
+        {"eval_after/success_rate": 0.5, "eval_after/step": 2},
+    ]
+
+
+def test_mode_is_offline_without_a_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    assert wandb_mode() == "offline"
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password k\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
