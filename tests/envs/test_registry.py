@@ -44,6 +44,17 @@ def plugins(tmp_path, monkeypatch):
                 async def reset(self, seed):
                     return "x"
 
+            class ToolsNoCall:
+                system_prompt = "x"
+                success = False
+                tools = [{"name": "f"}]
+
+                async def reset(self, seed):
+                    return "x"
+
+                async def step(self, action):
+                    return StepResult("x", 0.0, True)
+
             class NoPrompt:
                 success = False
 
@@ -83,6 +94,7 @@ def test_a_module_class_path_makes_fresh_instances(plugins):
         ("my_envs:not_a_class", r"is a function, not a class"),
         ("my_envs:NoStep", r"has no step method"),
         ("my_envs:NoPrompt", r"system_prompt string"),
+        ("my_envs:ToolsNoCall", r"declares tools but has no call_tool"),
         ("my_envs:", r"is not 'package.module:Class'"),
     ],
 )

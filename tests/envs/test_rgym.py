@@ -55,3 +55,14 @@ def test_bad_datasets_and_configs_are_named():
         make_env("reasoning_gym", dataset="chain_sum", config={"colour": 3})
     with pytest.raises(ConfigError, match="dataset"):
         make_env("reasoning_gym")  # the dataset option is required
+
+
+def test_the_demonstration_shows_solved_items_from_neither_split():
+    env = make_env("reasoning_gym", dataset="chain_sum", shots=2)
+    (u1, a1), (u2, _) = env.demonstration[:2], env.demonstration[2:]
+    assert u1[0] == "user" and a1 == (
+        "assistant",
+        f"<answer>{env.dataset[1 << 30]['answer']}</answer>",
+    )
+    assert u2[1] == env.dataset[(1 << 30) + 1]["question"]
+    assert make_env("reasoning_gym", dataset="chain_sum", shots=0).demonstration == ()

@@ -107,3 +107,58 @@ def test_a_hanging_step_times_out_without_stalling_other_episodes(chat):
     assert isinstance(blocked, EpisodeAborted) and blocked.reason == "env_timeout"
     assert "took more than 0.2 s" in str(hung) and ok == ([], 1.0, True)
     assert seconds < 0.9  # neither waited for the other
+
+
+def test_tools_are_offered_and_calls_answered_in_the_models_format(chat):
+    """The calculator with tool_format=json: its tool in the system message (a template
+    without tools), a valid call answered by call_tool, a malformed one explained, the
+    answer judged by step, and max_turns counting tool turns."""
+    from pearl.envs import make_env
+
+    env = make_env("calculator", level="easy", tool_format="json", max_turns=3)
+    ep, events = episode(chat, env)
+    prompt = chat.tokenizer.decode(asyncio.run(ep.start()))
+    assert '<tools>\n{"type": "function", "function": {"name": "calculate"' in prompt
+    assert '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 7"}}' in prompt
+    call = f'<tool_call>{{"name": "calculate", "arguments": {{"expression": "{env.problem.text}"}}}}</tool_call>'
+    obs, reward, done = asyncio.run(ep.respond(chat.tokenizer.encode(call)))
+    assert f"<tool_response>\n{env.problem.answer}\n</tool_response>" in chat.tokenizer.decode(obs)
+    assert (reward, done, env.calls) == (0.0, False, 1)
+    bad = '<tool_call>{"name": "calculate", "arguments": {"expr": "1"}}</tool_call>'
+    obs, reward, done = asyncio.run(ep.respond(chat.tokenizer.encode(bad)))
+    text = chat.tokenizer.decode(obs)
+    assert (
+        "could not be run: tool call 1 to calculate: missing required argument 'expression'" in text
+    )
+    assert (reward, done, env.calls, ep.malformed_calls) == (0.0, False, 1, 1)
+    obs, reward, done = asyncio.run(ep.respond(chat.tokenizer.encode("<answer>0</answer>")))
+    assert done and reward == (1.0 if env.problem.answer == 0 else 0.1)
+    again, _ = episode(chat, make_env("calculator", tool_format="json", max_turns=2))
+    asyncio.run(again.start())
+    for _ in range(2):  # two malformed calls use the whole turn budget
+        obs, reward, done = asyncio.run(again.respond(chat.tokenizer.encode(bad)))
+    assert (obs, reward, done) == ([], 0.0, True) and events == []
+
+
+def test_a_template_that_lays_out_tools_renders_the_prompt(chat):
+    """A model whose chat template reads ``tools`` gets its own rendering (sandboxed Jinja,
+    HF's tojson), checked to end in a ChatML assistant header."""
+    from pearl.envs.calculator import CALCULATE
+    from pearl.errors import ConfigError
+
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% if m.role == 'system' and tools %}\nTOOLS:{% for t in tools %} {{ t | tojson }}"
+        "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    own = ChatFormat(chat.tokenizer, template)
+    assert own.renders_tools and not chat.renders_tools
+    text = own.tokenizer.decode(own.prompt("sys", "What is 1 + 1?", (), [CALCULATE]))
+    # (trim_blocks, as Hugging Face renders: the newline after a block tag is dropped)
+    assert text.startswith('<|im_start|>system\nsysTOOLS: {"type": "function", "function": ')
+    assert text.endswith("<|im_start|>user\nWhat is 1 + 1?<|im_end|>\n<|im_start|>assistant\n")
+    assert own.prompt("sys", "hi") == chat.prompt("sys", "hi")  # no tools: ChatML as always
+    broken = ChatFormat(chat.tokenizer, "{{ tools }}{% if add_generation_prompt %}A:{% endif %}")
+    with pytest.raises(ConfigError, match="does not end a prompt with a ChatML assistant header"):
+        broken.prompt("sys", "hi", (), [CALCULATE])

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from pearl.envs.tools import check_tools
 from pearl.errors import ConfigError
 
 ENTRY_POINT_GROUP = "pearl.envs"
@@ -116,6 +117,14 @@ def check_env_instance(env: Any, name: str) -> None:
         raise ConfigError(f"{where}: demonstration must be (role, text) string pairs")
     if not hasattr(type(env), "success") and not hasattr(env, "success"):
         raise ConfigError(f"{where}: instances need a success flag (property or attribute)")
+    tools = getattr(env, "tools", None)
+    if tools:
+        try:
+            check_tools(tools, "tools")
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if not callable(getattr(env, "call_tool", None)):
+            raise ConfigError(f"{where}: declares tools but has no call_tool(name, arguments)")
 
 
 def make_env(name: str, **options: Any) -> Any:

@@ -11,8 +11,12 @@ training seeds (0, 1, ...) and held-out seeds (``HELDOUT_START`` and up) come fr
 generator seeds, so no held-out item is one the trainer was given (a small task space may
 still produce the same question from two seeds).
 
+The demonstration shows ``shots`` solved items (question, then ``<answer>`` with the
+dataset's answer), generated from a third seed range that neither split draws from: small
+models follow a shown format far better than a described one.
+
 Options: ``dataset`` (a reasoning-gym name), ``config`` (that dataset's own settings,
-e.g. ``{min_terms: 2, max_terms: 3}``), ``max_tries``, ``seed_offset``.
+e.g. ``{min_terms: 2, max_terms: 3}``), ``max_tries``, ``shots``, ``seed_offset``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pearl.errors import ConfigError
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _SIZE = 1 << 31  # items are generated lazily: the size only bounds the index
+_SHOTS_FROM = 1 << 30  # demonstration items: far from both splits' seeds
 
 
 @functools.lru_cache(maxsize=16)
@@ -59,16 +64,26 @@ class ReasoningGymEnv:
         dataset: str,
         max_tries: int = 2,
         config: dict[str, Any] | None = None,
+        shots: int = 1,
         seed_offset: int = 0,
     ) -> None:
-        if max_tries < 1:
-            raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+        if max_tries < 1 or not 0 <= shots <= 8:
+            raise ValueError(f"need max_tries >= 1 and 0 <= shots <= 8, got {max_tries}, {shots}")
         self.dataset = _dataset(dataset, json.dumps(config or {}, sort_keys=True), seed_offset)
         self.dataset_name = dataset
         self.max_tries = max_tries
         self.system_prompt = (
             "Solve the task. Give your final answer inside <answer></answer>, for example "
             "<answer>42</answer>."
+        )
+        shown = [self.dataset[_SHOTS_FROM + k] for k in range(shots)]
+        self.demonstration = tuple(
+            message
+            for item in shown
+            for message in (
+                ("user", str(item["question"])),
+                ("assistant", f"<answer>{item['answer']}</answer>"),
+            )
         )
         self.entry: dict[str, Any] | None = None
         self.tries = 0

@@ -6,6 +6,12 @@ its answer's type is checked, and an exception, a wrong type or a timeout ends t
 episode (``EpisodeAborted``: reward 0, not trained on) with an ``env_error`` event instead
 of ending the run. ``reset`` and ``step`` may be coroutines or plain functions (a plain one
 runs in a thread, so a slow one does not stall the other episodes and can time out).
+
+An environment that declares ``tools`` (``pearl.envs.tools``) gets them offered in the
+model's own format; a reply with tool calls is answered here, by ``call_tool(name,
+arguments)`` for each valid call (the results as ``<tool_response>`` blocks) or by an
+observation that says what was wrong with a malformed one; a reply without calls goes to
+``step``. With tools, the environment's ``max_turns`` bounds every turn, tool turns included.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 from pearl.control.episode import STOP_ENV_ERROR, STOP_ENV_TIMEOUT, EpisodeAborted
 from pearl.envs.base import Environment, StepResult
+from pearl.envs.tools import check_tools, parse_tool_calls, tool_response
 from pearl.models.chat import ChatFormat
 
 
@@ -40,16 +47,30 @@ class TextEpisode:
         self.step_timeout_s = step_timeout_s
         self.log = log
         self.env_seconds: list[float] = []  # per environment call
+        declared = getattr(env, "tools", None)
+        self.tools = check_tools(declared, type(env).__qualname__) if declared else None
+        self.turns = 0
+        self.tool_calls = 0
+        self.malformed_calls = 0
 
     async def start(self) -> list[int]:
         first = await self._call("reset", self.seed)
         if not isinstance(first, str):
             self._fail("reset", STOP_ENV_ERROR, f"returned {type(first).__name__}, not str")
         demonstration = tuple(getattr(self.env, "demonstration", ()))
-        return self.chat.prompt(self.env.system_prompt, first, demonstration)
+        return self.chat.prompt(self.env.system_prompt, first, demonstration, self.tools)
 
     async def respond(self, reply: list[int]) -> tuple[list[int], float, bool]:
-        result = await self._call("step", self.chat.text(reply))
+        self.turns += 1
+        text = self.chat.text(reply)
+        if self.tools:
+            calls, errors = parse_tool_calls(text, self.tools)
+            if calls or errors:
+                observation = await self._tool_turn(calls, errors)
+                if self._out_of_turns():
+                    return [], 0.0, True
+                return self.chat.next_turn(reply, observation), 0.0, False
+        result = await self._call("step", text)
         if not isinstance(result, StepResult):
             result = _as_step_result(result)
             if result is None:
@@ -62,22 +83,43 @@ class TextEpisode:
                 f"returned observation {type(result.observation).__name__} and reward "
                 f"{type(result.reward).__name__}; expected str and a finite number",
             )
-        if result.done:
+        if result.done or (self.tools and self._out_of_turns()):
             return [], float(result.reward), True
         return self.chat.next_turn(reply, result.observation), float(result.reward), False
+
+    async def _tool_turn(self, calls, errors: list[str]) -> str:
+        """The observation answering a reply's tool calls: every result, or what was wrong."""
+        if errors:
+            self.malformed_calls += len(errors)
+            return (
+                f"Your tool call could not be run: {'; '.join(errors)}. Call a tool as "
+                '<tool_call>{"name": "NAME", "arguments": {...}}</tool_call>.'
+            )
+        results = []
+        for call in calls:
+            self.tool_calls += 1
+            out = await self._call("call_tool", call.name, call.arguments)
+            if not isinstance(out, str):
+                self._fail("call_tool", STOP_ENV_ERROR, f"returned {type(out).__name__}, not str")
+            results.append(tool_response(out))
+        return "\n".join(results)
+
+    def _out_of_turns(self) -> bool:
+        limit = getattr(self.env, "max_turns", None)
+        return isinstance(limit, int) and self.turns >= limit
 
     @property
     def success(self) -> bool:
         return bool(self.env.success)
 
-    async def _call(self, method: str, arg: Any) -> Any:
+    async def _call(self, method: str, *args: Any) -> Any:
         fn = getattr(self.env, method)
         t0 = time.perf_counter()
         try:
             if inspect.iscoroutinefunction(fn):
-                call = fn(arg)
+                call = fn(*args)
             else:
-                call = asyncio.to_thread(fn, arg)
+                call = asyncio.to_thread(fn, *args)
             out = await asyncio.wait_for(call, self.step_timeout_s)
             if inspect.isawaitable(out):  # a plain function that returned a coroutine
                 out = await asyncio.wait_for(out, self.step_timeout_s)

@@ -7,6 +7,10 @@ after each reply the tokens that close it and open the next user and assistant m
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from pearl.errors import ConfigError
 from pearl.models.tokenizer import Tokenizer
 
@@ -14,7 +18,7 @@ START, END = "<|im_start|>", "<|im_end|>"
 
 
 class ChatFormat:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, template: str | None = None) -> None:
         start, end = tokenizer.token_id(START), tokenizer.token_id(END)
         if start is None or end is None:
             raise ConfigError(
@@ -22,16 +26,76 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
         self.end_id = end
+        self.template = template
+        """The model's Jinja chat template, when it has one (used to offer tools)."""
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> ChatFormat:
+        """The tokenizer and chat template of a model folder (``chat_template.jinja``, or
+        ``tokenizer_config.json``'s ``chat_template``)."""
+        folder = Path(folder)
+        template = None
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        elif (folder / "tokenizer_config.json").is_file():
+            found = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+            template = found if isinstance(found, str) else None
+        return cls(Tokenizer(folder), template)
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the model's own template lays out tools (it reads a ``tools`` variable)."""
+        return self.template is not None and "tools" in self.template
 
     def prompt(
-        self, system: str, user: str, demonstration: tuple[tuple[str, str], ...] = ()
+        self,
+        system: str,
+        user: str,
+        demonstration: tuple[tuple[str, str], ...] = (),
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """System message, an optional demonstration (earlier ``(role, text)`` messages that
-        show the format), the user message, then the assistant's header."""
+        show the format), the user message, then the assistant's header. With ``tools``
+        (function schemas): the model's template renders the conversation when it lays out
+        tools itself; otherwise the system message lists them (``pearl.envs.tools``)."""
+        if tools and self.renders_tools:
+            return self.tokenizer.encode(self._render(system, user, demonstration, tools))
+        if tools:
+            system = tools_system_prompt(system, tools)
         shown = "".join(f"{START}{role}\n{text}{END}\n" for role, text in demonstration)
         return self.tokenizer.encode(
             f"{START}system\n{system}{END}\n{shown}{START}user\n{user}{END}\n{START}assistant\n"
         )
+
+    def _render(self, system, user, demonstration, tools) -> str:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def fail(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
+            x, ensure_ascii=False, indent=indent
+        )
+        env.globals["raise_exception"] = fail
+        messages = [
+            {"role": "system", "content": system},
+            *({"role": r, "content": t} for r, t in demonstration),
+            {"role": "user", "content": user},
+        ]
+        try:
+            text = env.from_string(self.template).render(
+                messages=messages, tools=tools, add_generation_prompt=True
+            )
+        except TemplateError as exc:
+            raise ConfigError(f"the model's chat template failed to render tools: {exc}") from exc
+        if not text.endswith(f"{START}assistant\n"):
+            raise ConfigError(
+                "the model's chat template does not end a prompt with a ChatML assistant "
+                f"header ({START}assistant); PEARL appends turns in ChatML"
+            )
+        return text
 
     def next_turn(self, reply: list[int], observation: str) -> list[int]:
         """What follows the model's ``reply``: its end token if the reply was cut off, then
@@ -46,3 +110,14 @@ class ChatFormat:
         if ids and ids[-1] == self.end_id:
             ids = ids[:-1]
         return self.tokenizer.decode(ids)
+
+
+def tools_system_prompt(system: str, tools: list[dict[str, Any]]) -> str:
+    """``system`` followed by the tools and how to call them (for templates without tools)."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        f"{system}\n\n# Tools\n\nYou can call these functions:\n<tools>\n{listed}\n</tools>\n\n"
+        "To call one, reply with a JSON object of its name and arguments inside "
+        '<tool_call></tool_call> tags, for example:\n<tool_call>\n{"name": "NAME", '
+        '"arguments": {"ARGUMENT": "VALUE"}}\n</tool_call>'
+    )

@@ -40,7 +40,6 @@ class TrainRun:
         from pearl.models.catalog import resolve_model
         from pearl.models.chat import ChatFormat
         from pearl.models.config import ModelConfig
-        from pearl.models.tokenizer import Tokenizer
 
         self.cfg = cfg
         self.log = log or logging.getLogger(__name__).info
@@ -53,7 +52,7 @@ class TrainRun:
             )
         self.folder = resolve_model(cfg.model.name, log=self.log)
         self.model_config = ModelConfig.from_folder(self.folder)
-        self.chat = ChatFormat(Tokenizer(self.folder))
+        self.chat = ChatFormat.from_folder(self.folder)
 
     def episodes(self, split: str, first: int, tasks: int, group: int, log: Callable[[dict], None]):
         """``tasks`` x ``group`` episodes of the tasks ``first``.. of ``split``; environment
