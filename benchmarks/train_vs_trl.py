@@ -1,21 +1,33 @@
-"""`pearl train` against TRL's GRPOTrainer on the same model, task and settings, in one run.
+"""`pearl train` against TRL's GRPOTrainer on the same model, tasks and settings, in one run.
 
     .venv/bin/pip install 'trl==1.16.0'                 # TRL is only needed here
-    .venv/bin/python benchmarks/train_vs_trl.py         # 6 steps each, ~15 min on 2 cores
-    .venv/bin/python benchmarks/train_vs_trl.py --steps 3 --only trl
+    .venv/bin/python benchmarks/train_vs_trl.py         # both tasks, 6 steps each, ~40 min
+    .venv/bin/python benchmarks/train_vs_trl.py --task multi --steps 3 --only trl
 
 What a user on one machine would otherwise pick: TRL's ``GRPOTrainer`` (generating with
 transformers' ``generate``) on SmolLM2-135M-Instruct, against PEARL's live run (paged-KV
-engine actors, GRPO trainer actor, asynchronous with staleness 1). Both train on the
-single-turn calculator (``max_turns=1``: answer ``<answer>N</answer>`` directly) with the
-same prompts (system prompt, worked example, question; ChatML), the same reward function
-(the environment's), ``tasks_per_step`` x ``group_size`` trajectories per step, the same
-learning rate, sampling temperature, clip range, gradient clipping, completion length and
+engine actors, GRPO trainer actor, asynchronous with staleness 1). Two tasks:
+
+- ``single``: the single-turn calculator (``max_turns=1``: answer ``<answer>N</answer>``
+  directly), TRL's plain prompt-completion path.
+- ``multi``: the multi-turn calculator with a ``calculate`` tool called in JSON
+  (``tool_format=json``, up to 2 tool turns, then the answer), TRL's recommended
+  multi-turn path (``environment_factory``: an environment whose methods are the tools,
+  ``max_tool_calling_iterations=2``). TRL needs a chat template it can parse tool calls
+  with, and SmolLM2's has no tools: both systems get TRL's Qwen2.5 ChatML template
+  (``trl.chat_template_utils.qwen2_5_chat_template``; SmolLM2 has the same ChatML tokens),
+  so both render the same prompt with the same tool schema.
+
+Both train with the same prompts (system prompt, worked example, question; ChatML), the
+same reward (the environment's), ``tasks_per_step`` x ``group_size`` trajectories per
+step, the same learning rate, sampling temperature, clip range, gradient clipping,
+completion length (per turn; TRL's whole completion is capped at the turns' sum) and
 constant learning rate, no KL term, fp32, and the whole machine (TRL: one process with
-every core's torch thread; PEARL: its actors). Reported per system: trajectories per second
-over the training steps (model loading and PEARL's held-out evaluation excluded), seconds
-per step, and the reward of every step against wall time. Goal (issue 11): PEARL at least 3x
-TRL's trajectories per second. Writes ``results/train_vs_trl.json``.
+every core's torch thread; PEARL: its actors). Reported per system and task: trajectories
+per second over the training steps (model loading and PEARL's held-out evaluation
+excluded), seconds per step, and the reward of every step against wall time. Goal (issue
+21): PEARL at least 3x TRL's trajectories per second on both tasks. Writes
+``results/train_vs_trl.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pearl.apps.train.config import load_train_config
 from pearl.apps.train.run import TrainRun
@@ -35,7 +48,11 @@ from pearl.envs import make_env, split_seed
 from pearl.models.catalog import resolve_model
 
 MODEL = "smollm2-135m"
-ENV_OPTIONS = {"max_turns": 1}
+TASKS: dict[str, dict[str, Any]] = {
+    "single": {"max_turns": 1},
+    "multi": {"max_turns": 3, "tool_format": "json"},
+}
+TURN_TOKENS = 64  # per turn (PEARL's max_new_tokens; TRL caps the whole completion at the sum)
 
 
 def common(args) -> dict:
@@ -44,18 +61,34 @@ def common(args) -> dict:
         "group_size": args.group,
         "learning_rate": args.lr,
         "temperature": 0.7,
-        "max_new_tokens": 64,
+        "max_new_tokens": TURN_TOKENS,
         "clip_eps": 0.2,
         "max_grad_norm": 1.0,
         "steps": args.steps,
     }
 
 
-def run_pearl(settings: dict) -> dict:
+def model_folder(task: str) -> Path:
+    """SmolLM2's folder; for the multi-turn task a copy (links) whose chat template is TRL's
+    Qwen2.5 ChatML template with tools, the one both systems then render prompts with."""
+    folder = resolve_model(MODEL)
+    if task == "single":
+        return folder
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    copy = Path(tempfile.mkdtemp(prefix="smollm2-tools-"))
+    for item in folder.iterdir():
+        if item.name != "chat_template.jinja":
+            (copy / item.name).symlink_to(item.resolve())
+    (copy / "chat_template.jinja").write_text(qwen2_5_chat_template)
+    return copy
+
+
+def run_pearl(settings: dict, task: str) -> dict:
     overrides = [
-        f"model.name={MODEL}",
+        f"model.name={model_folder(task)}",
         "env.name=calculator",
-        f"env.options={json.dumps(ENV_OPTIONS)}",
+        f"env.options={json.dumps(TASKS[task])}",
         f"rollout.tasks_per_step={settings['tasks_per_step']}",
         f"rollout.group_size={settings['group_size']}",
         f"rollout.max_new_tokens={settings['max_new_tokens']}",
@@ -74,6 +107,8 @@ def run_pearl(settings: dict) -> dict:
     seconds = out["train_seconds"]
     return {
         "system": "pearl",
+        "task": task,
+        "turns_per_trajectory": sum(r["turns"] for r in rows) / trajectories,
         "steps": len(rows),
         "trajectories": trajectories,
         "train_seconds": seconds,
@@ -82,11 +117,11 @@ def run_pearl(settings: dict) -> dict:
     }
 
 
-def calculator_rows(tasks: int) -> list[dict]:
+def calculator_rows(tasks: int, task: str) -> list[dict]:
     """The training prompts PEARL's episodes start from, as conversations, with their seeds."""
     rows = []
     for index in range(tasks):
-        env = make_env("calculator", **ENV_OPTIONS)
+        env = make_env("calculator", **TASKS[task])
         seed = split_seed("train", index)
         question = asyncio.run(env.reset(seed))
         messages = [{"role": "system", "content": env.system_prompt}]
@@ -96,35 +131,57 @@ def calculator_rows(tasks: int) -> list[dict]:
     return rows
 
 
-def calculator_reward(prompts, completions, seed, **_) -> list[float]:
-    """The environment's reward for each completion (TRL's reward-function signature)."""
-    rewards = []
+def calculator_reward(prompts, completions, seed, **_) -> list[float | None]:
+    """The environment's reward for each completion's final message (TRL's reward-function
+    signature; multi-turn completions end with the assistant's last reply)."""
+    rewards: list[float | None] = []
     for completion, s in zip(completions, seed, strict=True):
         text = completion[-1]["content"] if isinstance(completion, list) else completion
-        env = make_env("calculator", **ENV_OPTIONS)
+        env = make_env("calculator", **TASKS["single"])  # judges <answer>N</answer> alone
         asyncio.run(env.reset(int(s)))
-        rewards.append(asyncio.run(env.step(text)).reward)
+        rewards.append(asyncio.run(env.step(text or "")).reward)
     return rewards
 
 
-def run_trl(settings: dict, threads: int) -> dict:
+class TrlCalculator:
+    """The multi-turn calculator for TRL's ``environment_factory``: its public methods are
+    the tools (schema from the signature and docstring: the same ``calculate`` function the
+    PEARL environment declares); the reward judges the final answer."""
+
+    def reset(self, **row) -> None:
+        return None
+
+    def calculate(self, expression: str) -> str:
+        """Evaluate an arithmetic expression (+ - * / and parentheses).
+
+        Args:
+            expression: e.g. 12 * 7
+        """
+        env = make_env("calculator", **TASKS["multi"])
+        return asyncio.run(env.call_tool("calculate", {"expression": expression}))
+
+
+def run_trl(settings: dict, threads: int, task: str) -> dict:
     import torch
-    from datasets import Dataset
+    from datasets import Dataset  # type: ignore[import-untyped]
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(threads)
-    folder = resolve_model(MODEL)
+    folder = model_folder(task)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     batch = settings["tasks_per_step"] * settings["group_size"]
+    turns = TASKS[task]["max_turns"]
     # Task i of step k is train task k * tasks + i, as in PEARL's run.
-    data = Dataset.from_list(calculator_rows(settings["tasks_per_step"] * settings["steps"]))
+    rows = calculator_rows(settings["tasks_per_step"] * settings["steps"], task)
+    data = Dataset.from_list(rows)
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
         per_device_train_batch_size=batch,
         num_generations=settings["group_size"],
-        max_completion_length=settings["max_new_tokens"],
+        max_completion_length=settings["max_new_tokens"] * turns,
+        max_tool_calling_iterations=turns - 1 if turns > 1 else None,
         temperature=settings["temperature"],
         top_p=1.0,
         learning_rate=settings["learning_rate"],
@@ -168,12 +225,14 @@ def run_trl(settings: dict, threads: int) -> dict:
         train_dataset=data,
         processing_class=tokenizer,
         callbacks=[Timeline()],
+        environment_factory=TrlCalculator if task == "multi" else None,
     )
     trainer.train()
     seconds = clock["end"] - clock["start"]
     trajectories = settings["steps"] * batch
     return {
         "system": "trl",
+        "task": task,
         "steps": settings["steps"],
         "trajectories": trajectories,
         "train_seconds": seconds,
@@ -185,6 +244,7 @@ def run_trl(settings: dict, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=("single", "multi", "both"), default="both")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--tasks", type=int, default=8, help="tasks per step")
     parser.add_argument("--group", type=int, default=4, help="trajectories per task")
@@ -194,30 +254,34 @@ def main() -> None:
     args = parser.parse_args()
     settings = common(args)
     threads = os.cpu_count() or 1
+    tasks = ["single", "multi"] if args.task == "both" else [args.task]
     results = []
-    if args.only in (None, "trl"):
-        results.append(run_trl(settings, threads))
-    if args.only in (None, "pearl"):
-        results.append(run_pearl(settings))
+    for task in tasks:
+        if args.only in (None, "trl"):
+            results.append(run_trl(settings, threads, task))
+        if args.only in (None, "pearl"):
+            results.append(run_pearl(settings, task))
     print()
-    print("| system | steps | trajectories | train s | s / step | trajectories / s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| task | system | steps | trajectories | train s | s / step | trajectories / s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['system']} | {r['steps']} | {r['trajectories']} | {r['train_seconds']:.1f} | "
-            f"{r['train_seconds'] / r['steps']:.1f} | {r['trajectories_per_s']:.3f} |"
+            f"| {r['task']} | {r['system']} | {r['steps']} | {r['trajectories']} | "
+            f"{r['train_seconds']:.1f} | {r['train_seconds'] / r['steps']:.1f} | "
+            f"{r['trajectories_per_s']:.3f} |"
         )
     for r in results:
         points = ", ".join(f"{t:.0f}s: {v:.3f}" for t, v in r["curve"])
-        print(f"{r['system']} reward vs wall time: {points}")
-    by = {r["system"]: r for r in results}
-    if len(by) == 2:
-        ratio = by["pearl"]["trajectories_per_s"] / by["trl"]["trajectories_per_s"]
-        mean_reward = {s: statistics.fmean(v for _, v in by[s]["curve"]) for s in by}
-        print(
-            f"PEARL / TRL trajectories per second: {ratio:.2f}x (goal 3x); mean reward over "
-            f"the steps: PEARL {mean_reward['pearl']:.3f}, TRL {mean_reward['trl']:.3f}"
-        )
+        print(f"{r['task']} {r['system']} reward vs wall time: {points}")
+    for task in tasks:
+        by = {r["system"]: r for r in results if r["task"] == task}
+        if len(by) == 2:
+            ratio = by["pearl"]["trajectories_per_s"] / by["trl"]["trajectories_per_s"]
+            mean = {s: statistics.fmean(v for _, v in by[s]["curve"]) for s in by}
+            print(
+                f"{task}: PEARL / TRL trajectories per second {ratio:.2f}x (goal 3x); mean "
+                f"reward over the steps: PEARL {mean['pearl']:.3f}, TRL {mean['trl']:.3f}"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"settings": settings, "results": results}, indent=2))
     print(f"wrote {args.out}")

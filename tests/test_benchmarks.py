@@ -20,7 +20,7 @@ def test_trl_side_gets_pearls_prompts_and_the_environments_reward():
     from pearl.envs import make_env, split_seed
 
     bench = load("train_vs_trl")
-    rows = bench.calculator_rows(3)
+    rows = bench.calculator_rows(3, "single")
     assert [r["seed"] for r in rows] == [split_seed("train", i) for i in range(3)]
     env = make_env("calculator", max_turns=1)
     question = asyncio.run(env.reset(rows[1]["seed"]))
@@ -36,6 +36,26 @@ def test_trl_side_gets_pearls_prompts_and_the_environments_reward():
     ]
     seeds = [rows[1]["seed"]] * 3
     assert bench.calculator_reward(None, completions, seeds) == [1.0, 0.1, 0.0]
+
+
+def test_trl_multi_turn_side_gets_the_same_tool_and_prompts():
+    """TRL's environment exposes the same calculate tool (its schema, derived by
+    transformers from the method, equals the PEARL environment's) with the same results."""
+    pytest.importorskip("transformers")
+    from transformers.utils import get_json_schema
+
+    from pearl.envs.calculator import CALCULATE
+
+    bench = load("train_vs_trl")
+    schema = get_json_schema(bench.TrlCalculator().calculate)
+    schema["function"].pop("return", None)
+    assert schema == CALCULATE
+    env = bench.TrlCalculator()
+    assert env.reset(seed=3) is None and env.calculate("12 * 7") == "84"
+    assert env.calculate("1 +").startswith("error:")
+    rows = bench.calculator_rows(2, "multi")
+    shown = [m["content"] for m in rows[0]["prompt"]]
+    assert '"name": "calculate"' in shown[2] and shown[3].startswith("<tool_response>")
 
 
 def test_replay_rebuilds_a_steps_rollout_from_its_token_counts():
