@@ -26,8 +26,14 @@ constant learning rate, no KL term, fp32, and the whole machine (TRL: one proces
 every core's torch thread; PEARL: its actors). Reported per system and task: trajectories
 per second over the training steps (model loading and PEARL's held-out evaluation
 excluded), seconds per step, and the reward of every step against wall time. Goal (issue
-21): PEARL at least 3x TRL's trajectories per second on both tasks. Writes
-``results/train_vs_trl.json``.
+21): PEARL at least 3x TRL's trajectories per second on both tasks.
+
+Held-out success at equal wall-clock time (``--heldout N``, default 64; 0 skips it): PEARL
+trains ``--pearl-steps`` steps (default 3x ``--steps``) with a checkpoint after each; the
+model each system had after TRL's training time (TRL's final model; PEARL's last
+checkpoint within that time) is scored on the same N held-out tasks by the same evaluator
+(``pearl train run.steps=0``: PEARL's engine, the rollout temperature), and the untrained
+model beside them. Writes ``results/train_vs_trl.json``.
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ def model_folder(task: str) -> Path:
     return copy
 
 
-def run_pearl(settings: dict, task: str) -> dict:
+def run_pearl(settings: dict, task: str, steps: int | None = None) -> dict:
+    steps = steps or settings["steps"]
     overrides = [
         f"model.name={model_folder(task)}",
         "env.name=calculator",
@@ -96,8 +103,9 @@ def run_pearl(settings: dict, task: str) -> dict:
         f"trainer.learning_rate={settings['learning_rate']}",
         f"trainer.clip_eps={settings['clip_eps']}",
         f"trainer.max_grad_norm={settings['max_grad_norm']}",
-        f"run.steps={settings['steps']}",
+        f"run.steps={steps}",
         "run.eval_tasks=0",
+        "run.checkpoint_every=1",
         f"run.run_dir={tempfile.mkdtemp(prefix='pearl-vs-trl-')}",
     ]
     out = TrainRun(load_train_config(None, overrides)).run()
@@ -114,7 +122,44 @@ def run_pearl(settings: dict, task: str) -> dict:
         "train_seconds": seconds,
         "trajectories_per_s": trajectories / seconds,
         "curve": [(r["elapsed_s"], r["reward_mean"]) for r in rows],
+        # (seconds into training, checkpoint) after each step
+        "checkpoints": [
+            (r["elapsed_s"], str(run_dir / "checkpoints" / f"v{r['weight_version']}")) for r in rows
+        ],
     }
+
+
+def heldout_success(task: str, model: Path, tasks: int, resume: str | None = None) -> dict:
+    """The held-out success of ``model`` (or of checkpoint ``resume`` on it) on the task's
+    first ``tasks`` held-out seeds, by PEARL's evaluator (``run.steps=0``)."""
+    overrides = [
+        f"model.name={model}",
+        "env.name=calculator",
+        f"env.options={json.dumps(TASKS[task])}",
+        f"rollout.max_new_tokens={TURN_TOKENS}",
+        "run.steps=0",
+        f"run.eval_tasks={tasks}",
+        f"run.run_dir={tempfile.mkdtemp(prefix='pearl-vs-trl-eval-')}",
+    ]
+    out = TrainRun(load_train_config(None, overrides)).run(resume=resume)
+    before = out["before"]
+    return {k: before[k] for k in ("successes", "tasks", "success_rate", "ci95")}
+
+
+def equal_time_heldout(task: str, trl: dict, pearl: dict, tasks: int) -> dict:
+    """Held-out success of each system's model after TRL's training time, and untrained."""
+    budget = trl["train_seconds"]
+    within = [path for t, path in pearl["checkpoints"] if t <= budget]
+    folder = model_folder(task)
+    result = {
+        "seconds": budget,
+        "untrained": heldout_success(task, folder, tasks),
+        "trl": {**heldout_success(task, Path(trl["model_dir"]), tasks), "steps": trl["steps"]},
+        "pearl": {"steps": len(within)},
+    }
+    if within:
+        result["pearl"].update(heldout_success(task, folder, tasks, resume=within[-1]))
+    return result
 
 
 def calculator_rows(tasks: int, task: str) -> list[dict]:
@@ -229,6 +274,8 @@ def run_trl(settings: dict, threads: int, task: str) -> dict:
     )
     trainer.train()
     seconds = clock["end"] - clock["start"]
+    model_dir = tempfile.mkdtemp(prefix="trl-model-")
+    trainer.save_model(model_dir)  # weights, config, tokenizer and chat template
     trajectories = settings["steps"] * batch
     return {
         "system": "trl",
@@ -239,6 +286,7 @@ def run_trl(settings: dict, threads: int, task: str) -> dict:
         "trajectories_per_s": trajectories / seconds,
         "curve": curve,
         "threads": threads,
+        "model_dir": model_dir,
     }
 
 
@@ -250,17 +298,23 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="trajectories per task")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--only", choices=("pearl", "trl"), default=None)
+    parser.add_argument("--heldout", type=int, default=64, help="held-out tasks (0: skip)")
+    parser.add_argument("--pearl-steps", type=int, default=None, help="default: 3x --steps")
     parser.add_argument("--out", default="results/train_vs_trl.json")
     args = parser.parse_args()
     settings = common(args)
     threads = os.cpu_count() or 1
     tasks = ["single", "multi"] if args.task == "both" else [args.task]
     results = []
+    heldout = {}
     for task in tasks:
         if args.only in (None, "trl"):
             results.append(run_trl(settings, threads, task))
         if args.only in (None, "pearl"):
-            results.append(run_pearl(settings, task))
+            results.append(run_pearl(settings, task, args.pearl_steps or 3 * args.steps))
+        if args.only is None and args.heldout:
+            trl, pearl = results[-2], results[-1]
+            heldout[task] = equal_time_heldout(task, trl, pearl, args.heldout)
     print()
     print("| task | system | steps | trajectories | train s | s / step | trajectories / s |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -282,8 +336,22 @@ def main() -> None:
                 f"{task}: PEARL / TRL trajectories per second {ratio:.2f}x (goal 3x); mean "
                 f"reward over the steps: PEARL {mean['pearl']:.3f}, TRL {mean['trl']:.3f}"
             )
+    for task, h in heldout.items():
+        print(f"{task}: held-out success after {h['seconds']:.0f} s of training (TRL's time):")
+        for who in ("untrained", "trl", "pearl"):
+            e = h[who]
+            if "tasks" not in e:
+                print(f"  {who}: no checkpoint within the time")
+                continue
+            steps = f" ({e['steps']} steps)" if "steps" in e else ""
+            lo, hi = e["ci95"]
+            print(
+                f"  {who}{steps}: {e['successes']}/{e['tasks']} = "
+                f"{100 * e['success_rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"settings": settings, "results": results}, indent=2))
+    payload = {"settings": settings, "results": results, "heldout": heldout}
+    Path(args.out).write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.out}")
 
 

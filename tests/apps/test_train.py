@@ -494,3 +494,24 @@ def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(
         ("env_timeout", 2),
     ]
     assert any("raised KeyError: 'the task table has no row 1'" in e["error"] for e in failures)
+
+
+def test_zero_steps_only_evaluates_the_model(chat_model, tmp_path, ray_runtime):
+    """``run.steps=0``: the held-out evaluation of ``model.name`` alone (how a checkpoint
+    or another trainer's model is scored): no step, no checkpoint."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    overrides = [
+        f"model.name={chat_model}",
+        "run.steps=0",
+        "run.eval_tasks=3",
+        "rollout.max_new_tokens=4",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=eval",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["steps"] == 0 and out["checkpoint"] is None and out["weight_version"] == 0
+    assert out["before"]["tasks"] == 3 and out["after"] == out["before"]
+    assert not (tmp_path / "eval" / "checkpoints").exists()
+    assert (tmp_path / "eval" / "metrics.jsonl").read_text() == ""

@@ -65,7 +65,12 @@ class TrainTrainerSection(_Section):
 
 
 class TrainRunSection(_Section):
-    steps: int = Field(10, ge=1, le=100_000)
+    steps: int = Field(
+        10,
+        ge=0,
+        le=100_000,
+        description="RL steps (0: only evaluate model.name on run.eval_tasks held-out tasks)",
+    )
     max_staleness: int = Field(1, ge=0, le=8)
     seed: int = Field(0, ge=0)
     eval_tasks: int = Field(32, ge=0, le=100_000, description="held-out tasks before and after")

@@ -229,6 +229,8 @@ class _LiveRun:
 
         cfg = self.cfg
         before = await self.evaluate("before")
+        if cfg.run.steps == 0:  # evaluation only: no step, no checkpoint
+            return await self._finish(0, 0.0, before)
         await self.world.drain_logs()  # the evaluation's iterations are not step 0's
         offset = self.first_step  # task indices continue after a resume
         tasks, group = cfg.rollout.tasks_per_step, cfg.rollout.group_size
@@ -264,23 +266,27 @@ class _LiveRun:
             from pearl.report.plots import plot_training
 
             plot_training(self.rows, self.folder.path)
-        checkpoint = self.folder.path / "checkpoints" / f"v{self.trainer.weight_version}"
-        await self.trainer.save(str(checkpoint))
-        after = await self.evaluate("after")
+        checkpoint: Path | None = None
+        after = before  # evaluation only: the same weights
+        if steps:
+            checkpoint = self.folder.path / "checkpoints" / f"v{self.trainer.weight_version}"
+            await self.trainer.save(str(checkpoint))
+            after = await self.evaluate("after")
         summary = {
             "complete": True,
             "steps": steps,
             "train_seconds": train_s,
             "before": before,
             "after": after,
-            "checkpoint": str(checkpoint),
+            "checkpoint": str(checkpoint) if checkpoint else None,
             "weight_version": self.trainer.weight_version,
             "policy": self.policy.name,
             "counters": self.driver.counters(),
         }
         self.folder.summary(summary)
         write_train_report(self.folder.path, self.rows, before, after, summary)
-        self.run.log(f"checkpoint: {checkpoint}")
+        if checkpoint:
+            self.run.log(f"checkpoint: {checkpoint}")
         return {"run_dir": str(self.folder.path), **summary}
 
     def stopped(self, why: str, stop: type[RunInterrupted]) -> RunInterrupted:
