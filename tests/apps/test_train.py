@@ -269,18 +269,24 @@ def test_shipped_train_config_validates():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env", ["calculator", "guess"])
+@pytest.mark.parametrize(
+    "env",
+    ["calculator", "guess", "reasoning_gym env.options.dataset=letter_counting"],
+)
 def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
-    """The README's main job, shortened: the real model, both environments, via the CLI."""
+    """The README's main job, shortened: the real model, every environment the README
+    shows, via the CLI."""
     from typer.testing import CliRunner
 
     from pearl.cli import app
 
+    name, *options = env.split()
     result = CliRunner().invoke(
         app,
         [
             "train",
-            f"env.name={env}",
+            f"env.name={name}",
+            *options,
             "run.steps=2",
             "run.eval_tasks=4",
             "rollout.tasks_per_step=2",
