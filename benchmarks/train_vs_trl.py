@@ -25,8 +25,9 @@ completion length (per turn; TRL's whole completion is capped at the turns' sum)
 constant learning rate, no KL term, fp32, and the whole machine (TRL: one process with
 every core's torch thread; PEARL: its actors). Reported per system and task: trajectories
 per second over the training steps (model loading and PEARL's held-out evaluation
-excluded), seconds per step, and the reward of every step against wall time. Goal (issue
-21): PEARL at least 3x TRL's trajectories per second on both tasks.
+excluded; PEARL over the same number of steps as TRL, and over all of its steps), seconds
+per step, and the reward of every step against wall time. Goal (issue 21): PEARL at least
+3x TRL's trajectories per second on both tasks, over the same steps.
 
 Held-out success at equal wall-clock time (``--heldout N``, default 64; 0 skips it): PEARL
 trains ``--pearl-steps`` steps (default 3x ``--steps``) with a checkpoint after each; the
@@ -113,8 +114,15 @@ def run_pearl(settings: dict, task: str, steps: int | None = None) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trajectories = sum(r["trajectories"] for r in rows)
     seconds = out["train_seconds"]
+    same = rows[: settings["steps"]]  # as many steps as TRL ran: the headline comparison
     return {
         "system": "pearl",
+        "same_steps": {
+            "steps": len(same),
+            "trajectories": sum(r["trajectories"] for r in same),
+            "train_seconds": same[-1]["elapsed_s"],
+            "trajectories_per_s": sum(r["trajectories"] for r in same) / same[-1]["elapsed_s"],
+        },
         "task": task,
         "turns_per_trajectory": sum(r["turns"] for r in rows) / trajectories,
         "steps": len(rows),
@@ -319,22 +327,31 @@ def main() -> None:
     print("| task | system | steps | trajectories | train s | s / step | trajectories / s |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in results:
-        print(
-            f"| {r['task']} | {r['system']} | {r['steps']} | {r['trajectories']} | "
-            f"{r['train_seconds']:.1f} | {r['train_seconds'] / r['steps']:.1f} | "
-            f"{r['trajectories_per_s']:.3f} |"
-        )
+        shown = [r] if "same_steps" not in r else [r["same_steps"], r]
+        for x in shown:
+            print(
+                f"| {r['task']} | {r['system']} | {x['steps']} | {x['trajectories']} | "
+                f"{x['train_seconds']:.1f} | {x['train_seconds'] / x['steps']:.1f} | "
+                f"{x['trajectories_per_s']:.3f} |"
+            )
     for r in results:
         points = ", ".join(f"{t:.0f}s: {v:.3f}" for t, v in r["curve"])
         print(f"{r['task']} {r['system']} reward vs wall time: {points}")
     for task in tasks:
         by = {r["system"]: r for r in results if r["task"] == task}
         if len(by) == 2:
-            ratio = by["pearl"]["trajectories_per_s"] / by["trl"]["trajectories_per_s"]
+            trl = by["trl"]["trajectories_per_s"]
+            same = by["pearl"]["same_steps"]
+            ratio, longer = (
+                same["trajectories_per_s"] / trl,
+                by["pearl"]["trajectories_per_s"] / trl,
+            )
             mean = {s: statistics.fmean(v for _, v in by[s]["curve"]) for s in by}
             print(
-                f"{task}: PEARL / TRL trajectories per second {ratio:.2f}x (goal 3x); mean "
-                f"reward over the steps: PEARL {mean['pearl']:.3f}, TRL {mean['trl']:.3f}"
+                f"{task}: PEARL / TRL trajectories per second over the same {same['steps']} "
+                f"steps {ratio:.2f}x (goal 3x), over PEARL's {by['pearl']['steps']} steps "
+                f"{longer:.2f}x; mean reward over the steps: PEARL {mean['pearl']:.3f}, TRL "
+                f"{mean['trl']:.3f}"
             )
     for task, h in heldout.items():
         print(f"{task}: held-out success after {h['seconds']:.0f} s of training (TRL's time):")
