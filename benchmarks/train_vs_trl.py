@@ -214,7 +214,7 @@ class TrlCalculator:
         return asyncio.run(env.call_tool("calculate", {"expression": expression}))
 
 
-def run_trl(settings: dict, threads: int, task: str) -> dict:
+def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> dict:
     import torch
     from datasets import Dataset  # type: ignore[import-untyped]
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -229,9 +229,16 @@ def run_trl(settings: dict, threads: int, task: str) -> dict:
     # Task i of step k is train task k * tasks + i, as in PEARL's run.
     rows = calculator_rows(settings["tasks_per_step"] * settings["steps"], task)
     data = Dataset.from_list(rows)
+    # A step's completions in micro-batches (gradient accumulation, still one optimizer step
+    # and one generation of the whole batch per step): the multi-turn prompts' full-vocabulary
+    # logits for 32 sequences at once take over 20 GiB, more than this machine has.
+    micro = micro_batch or batch
+    if batch % micro or micro % settings["group_size"]:
+        raise ValueError(f"--trl-micro-batch {micro} must divide {batch} in whole groups")
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
-        per_device_train_batch_size=batch,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
         num_generations=settings["group_size"],
         max_completion_length=settings["max_new_tokens"] * turns,
         max_tool_calling_iterations=turns - 1 if turns > 1 else None,
@@ -308,6 +315,12 @@ def main() -> None:
     parser.add_argument("--only", choices=("pearl", "trl"), default=None)
     parser.add_argument("--heldout", type=int, default=64, help="held-out tasks (0: skip)")
     parser.add_argument("--pearl-steps", type=int, default=None, help="default: 3x --steps")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=0,
+        help="TRL's per-device batch (gradient accumulation to the step's batch; 0: whole)",
+    )
     parser.add_argument("--out", default="results/train_vs_trl.json")
     args = parser.parse_args()
     settings = common(args)
@@ -317,7 +330,7 @@ def main() -> None:
     heldout = {}
     for task in tasks:
         if args.only in (None, "trl"):
-            results.append(run_trl(settings, threads, task))
+            results.append(run_trl(settings, threads, task, args.trl_micro_batch))
         if args.only in (None, "pearl"):
             results.append(run_pearl(settings, task, args.pearl_steps or 3 * args.steps))
         if args.only is None and args.heldout:
