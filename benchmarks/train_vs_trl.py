@@ -14,8 +14,8 @@ engine actors, GRPO trainer actor, asynchronous with staleness 1). Two tasks:
   (``tool_format=json``, up to 2 tool turns, then the answer), TRL's recommended
   multi-turn path (``environment_factory``: an environment whose methods are the tools,
   ``max_tool_calling_iterations=2``). TRL needs a chat template it can parse tool calls
-  with, and SmolLM2's has no tools: both systems get TRL's Qwen2.5 ChatML template
-  (``trl.chat_template_utils.qwen2_5_chat_template``; SmolLM2 has the same ChatML tokens),
+  with, and SmolLM2's has no tools: both systems get TRL's Qwen3 ChatML template
+  (``trl.chat_template_utils.qwen3_chat_template``; SmolLM2 has the same ChatML tokens),
   so both render the same prompt with the same tool schema.
 
 Both train with the same prompts (system prompt, worked example, question; ChatML), the
@@ -77,17 +77,17 @@ def common(args) -> dict:
 
 def model_folder(task: str) -> Path:
     """SmolLM2's folder; for the multi-turn task a copy (links) whose chat template is TRL's
-    Qwen2.5 ChatML template with tools, the one both systems then render prompts with."""
+    Qwen3 ChatML template with tools, the one both systems then render prompts with."""
     folder = resolve_model(MODEL)
     if task == "single":
         return folder
-    from trl.chat_template_utils import qwen2_5_chat_template
+    from trl.chat_template_utils import qwen3_chat_template
 
     copy = Path(tempfile.mkdtemp(prefix="smollm2-tools-"))
     for item in folder.iterdir():
         if item.name != "chat_template.jinja":
             (copy / item.name).symlink_to(item.resolve())
-    (copy / "chat_template.jinja").write_text(qwen2_5_chat_template)
+    (copy / "chat_template.jinja").write_text(qwen3_chat_template)
     return copy
 
 
