@@ -97,3 +97,28 @@ def test_a_failed_environment_ends_its_episode_with_reward_0_and_the_batch_goes_
 def test_turn_budget_below_one_runs_no_turn(max_turns):
     (t,) = run([Scripted("a")], max_turns=max_turns)
     assert t.stop_reason == "max_turns" and t.turns == []
+
+
+def test_an_episodes_tool_calls_are_counted_in_its_trajectory_and_the_steps_row():
+    from types import SimpleNamespace
+
+    from pearl.apps.train.metrics import step_row
+
+    caller = Scripted("a")
+    caller.tool_calls, caller.malformed_calls = 3, 1  # as TextEpisode counts them
+    with_tools, plain = run([caller, Scripted("a")])
+    assert (with_tools.tool_calls, with_tools.malformed_calls) == (3, 1)
+    assert (plain.tool_calls, plain.malformed_calls) == (0, 0)  # an episode without tools
+    rec = SimpleNamespace(
+        train_stats={},
+        result=SimpleNamespace(trajectories=[with_tools, plain]),
+        rollout_started=0.0,
+        rollout_finished=1.0,
+        train_started=1.0,
+        train_finished=2.0,
+        rollout_tokens=10,
+        step=0,
+        weight_versions=[0],
+    )
+    row = step_row(rec, version=1, offset=0, elapsed=2.0)
+    assert (row["tool_calls"], row["malformed_tool_calls"]) == (3, 1)

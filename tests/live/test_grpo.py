@@ -166,3 +166,88 @@ def test_episodes_the_environment_failed_are_not_trained_on():
     assert with_failures["reward_mean"] == pytest.approx(sum(s.reward for s in kept) / 7)
     for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+def shared_prompt_samples(groups: int = 2, tries: int = 3) -> list[TrainSample]:
+    """GRPO groups as they come: each task's ``tries`` trajectories share its prompt, then
+    differ (two sampled turns with a masked observation between them)."""
+    engine = LLMEngine.from_model_config(
+        ModelConfig.from_dict(LLAMA),
+        EngineConfig(block_size=8, num_kv_blocks=256, max_num_batched_tokens=64),
+        seed=0,
+    )
+    samples = []
+    for g in range(groups):
+        prompt = [1 + (g * 11 + k) % 100 for k in range(12 + 3 * g)]
+        for t in range(tries):
+            tokens, mask, logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
+            for turn in range(2):
+                sp = SamplingParams(
+                    temperature=1.0, seed=100 * g + 10 * t + turn, max_new_tokens=5 + t
+                )
+                rid = f"r{g}{t}{turn}"
+                out = engine.generate([Request(rid, tokens, sp)])[rid]
+                tokens += out.token_ids
+                mask += [1] * len(out.token_ids)
+                logprobs += out.logprobs
+                if turn == 0:
+                    tokens += [3, 4, 5]
+                    mask += [0, 0, 0]
+                    logprobs += [0.0, 0.0, 0.0]
+            reward = float((g + t) % 2) + 0.25 * t
+            samples.append(
+                TrainSample(tuple(tokens), tuple(mask), tuple(logprobs), reward, f"t{g}")
+            )
+    return samples
+
+
+@pytest.mark.parametrize("config", [LLAMA, tiny_model("qwen3", vocab_size=120)], ids=["llama", "qwen3"])
+def test_the_shared_prefix_forward_equals_the_dense_one_with_its_gradients(config):
+    """``forward_shared`` (the prompt once, G suffixes attending to it) gives the dense
+    forward's hidden states on the concatenated sequences, and the same gradients."""
+    torch.manual_seed(0)
+    model_a = GRPOTrainer(ModelSpec(config=config, seed=0)).model
+    model_b = GRPOTrainer(ModelSpec(config=config, seed=0)).model
+    prefix = torch.randint(1, 100, (7,))
+    suffix = torch.randint(1, 100, (3, 5))
+    suffix[1, 3:] = 0  # right padding of a shorter suffix
+    dense = model_a.forward_dense(torch.cat([prefix.expand(3, -1), suffix], dim=1))
+    shared = model_b.forward_shared(prefix, suffix)
+    torch.testing.assert_close(shared, dense, rtol=1e-5, atol=1e-5)
+    weights = torch.randn_like(dense)
+    weights[1, 7 + 3 :] = 0  # padding contributes nothing, as in the trainer
+    (dense * weights).sum().backward()
+    (shared * weights).sum().backward()
+    for (n, pa), (_, pb) in zip(
+        model_a.named_parameters(), model_b.named_parameters(), strict=True
+    ):
+        if pa.grad is None:  # the lm head: hidden states only
+            assert pb.grad is None, n
+            continue
+        scale = float(pa.grad.abs().max())  # fp32 sums in another order: relative to it
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=2e-6 * scale, msg=n)
+
+
+def test_a_step_on_shared_prompts_equals_the_step_without_sharing(monkeypatch):
+    """The trainer runs each group's common prompt once; the step (loss, statistics, the
+    clipped gradient AdamW applied) is the one the plain padded batch gives."""
+    import pearl.live.trainer as trainer_module
+
+    samples = shared_prompt_samples()
+    batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
+    config = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=64)
+    shared = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    # One micro-batch for the first task; the second's three do not fit 64 tokens at once.
+    parts = shared._shared_batches(samples, list(range(6)))
+    assert [(p, len(group)) for p, group in parts] == [(12, 3), (15, 2), (15, 1)]
+    stats_shared = shared.train_step(batch)
+    monkeypatch.setattr(trainer_module, "_common_prefix", lambda sequences: 0)
+    plain = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    stats_plain = plain.train_step(batch)
+    for key in ("loss", "grad_norm", "trained_tokens", "clip_fraction", "mean_ratio"):
+        assert stats_shared[key] == pytest.approx(stats_plain[key], rel=1e-5, abs=1e-7), key
+    for (n, pa), (_, pb) in zip(
+        shared.model.named_parameters(), plain.model.named_parameters(), strict=True
+    ):
+        scale = float(pb.grad.abs().max())  # fp32 sums in another order: relative to it
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=2e-6 * scale, msg=n)

@@ -38,6 +38,8 @@ class TrajectoryResult:
     sample: TrainSample | None = None  # episodes: what the trainer trains on
     stop_reason: str | None = None  # episodes: why it ended (pearl.control.episode.STOP_*)
     error: str | None = None  # episodes: the environment's failure, when it failed
+    tool_calls: int = 0  # episodes with tools: calls run, and calls refused as malformed
+    malformed_calls: int = 0
 
     @property
     def generated_tokens(self) -> int:

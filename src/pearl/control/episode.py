@@ -161,6 +161,9 @@ def _finish(
     result.context_tokens = len(context)
     result.reward = reward
     result.stop_reason = stop
+    # An episode whose environment declares tools counts its calls (TextEpisode does).
+    result.tool_calls = getattr(episode, "tool_calls", 0)
+    result.malformed_calls = getattr(episode, "malformed_calls", 0)
     success = episode.success if success is None else success
     result.sample = TrainSample(
         tuple(context), tuple(mask), tuple(logprobs), reward, episode.group, success, stop

@@ -2,9 +2,11 @@
 
 ``GRPOTrainer`` is a plain class (tested in-process); ``LiveTrainer`` is the control
 plane's handle on it as a Ray actor and implements ``pearl.control.interfaces.Trainer``.
-A step packs the batch's trajectories into micro-batches of at most ``micro_batch_tokens``
-padded tokens, scores only the positions that predict the model's own tokens (the lm head
-runs on those rows only), accumulates the clipped token-level GRPO loss, clips the
+A step packs each group's trajectories (one task's G tries, sharing their prompt) into
+micro-batches of at most ``micro_batch_tokens`` tokens, runs the shared prompt once per
+micro-batch (``forward_shared``: the gradient from every trajectory reaches it), scores
+only the positions that predict the model's own tokens (the lm head runs on those rows
+only), accumulates the clipped token-level GRPO loss, clips the
 gradient norm and takes one AdamW step; the new weights are version ``step + 1``.
 
 Checkpoints hold no pickle: weights and optimizer moments in safetensors, counters in JSON.
@@ -99,9 +101,38 @@ class GRPOTrainer:
             batches.append(current)
         return batches
 
-    def _token_logprobs(self, samples: list[TrainSample]) -> tuple[torch.Tensor, ...]:
+    def _shared_batches(
+        self, samples: list[TrainSample], useful: list[int]
+    ) -> list[tuple[int, list[int]]]:
+        """``(prefix length, indices)`` micro-batches of the ``useful`` samples: the
+        trajectories of one group (one task) share their prompt, computed once per
+        micro-batch; each micro-batch costs at most ``micro_batch_tokens`` tokens
+        (prefix + padded suffixes) where one trajectory fits."""
+        by_group: dict[str, list[int]] = {}
+        for i in useful:
+            by_group.setdefault(samples[i].group, []).append(i)
+        batches: list[tuple[int, list[int]]] = []
+        for members in by_group.values():
+            ids = [samples[i].token_ids for i in members]
+            prefix = _common_prefix(ids)
+            order = sorted(members, key=lambda i: len(samples[i].token_ids))
+            current: list[int] = []
+            for i in order:
+                longest = len(samples[i].token_ids) - prefix  # sorted: the newest is longest
+                cost = prefix + (len(current) + 1) * longest
+                if current and cost > self.config.micro_batch_tokens:
+                    batches.append((prefix, current))
+                    current = []
+                current.append(i)
+            batches.append((prefix, current))
+        return batches
+
+    def _token_logprobs(
+        self, samples: list[TrainSample], prefix: int = 0
+    ) -> tuple[torch.Tensor, ...]:
         """(log-probabilities of each masked token [B, L-1], behaviour ones, mask), with
-        position j predicting token j + 1."""
+        position j predicting token j + 1. The first ``prefix`` tokens, equal in every
+        sample, run once (``forward_shared``)."""
         length = max(len(s.token_ids) for s in samples)
         ids = torch.zeros(len(samples), length, dtype=torch.long)
         mask = torch.zeros(len(samples), length - 1)
@@ -111,7 +142,10 @@ class GRPOTrainer:
             ids[b, :n] = torch.tensor(s.token_ids)
             mask[b, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
             old[b, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
-        hidden = self.model.forward_dense(ids)[:, :-1]  # [B, L-1, H]
+        if prefix > 0:
+            hidden = self.model.forward_shared(ids[0, :prefix], ids[:, prefix:])[:, :-1]
+        else:
+            hidden = self.model.forward_dense(ids)[:, :-1]  # [B, L-1, H]
         rows = mask.bool()
         logits = self.model.compute_logits(hidden[rows]) / self.config.temperature
         chosen = torch.log_softmax(logits, dim=-1).gather(1, ids[:, 1:][rows].unsqueeze(1))
@@ -151,9 +185,8 @@ class GRPOTrainer:
         useful = [i for i, a in enumerate(advantages) if a != 0.0]
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = tokens = clipped = ratio_sum = 0.0
-        for part in self._micro_batches([samples[i] for i in useful]):
-            group = [useful[j] for j in part]
-            logprobs, old, mask = self._token_logprobs([samples[i] for i in group])
+        for prefix, group in self._shared_batches(samples, useful):
+            logprobs, old, mask = self._token_logprobs([samples[i] for i in group], prefix)
             adv = torch.tensor([advantages[i] for i in group], dtype=torch.float32)
             loss, stats = clipped_token_loss(logprobs, old, adv, mask, self.config.clip_eps, total)
             loss.backward()
@@ -255,6 +288,16 @@ class GRPOTrainer:
                 "exp_avg_sq": moments[f"{name}:exp_avg_sq"],
             }
         self.version = int(meta["version"])
+
+
+def _common_prefix(sequences: list[list[int]]) -> int:
+    """Length of the prefix all ``sequences`` share, leaving each at least one token."""
+    limit = min(len(s) for s in sequences) - 1
+    first = sequences[0]
+    n = 0
+    while n < limit and all(s[n] == first[n] for s in sequences[1:]):
+        n += 1
+    return n
 
 
 class LiveTrainer:

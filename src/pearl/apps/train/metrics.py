@@ -42,6 +42,8 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "skipped_trajectories": int(stats.get("skipped_trajectories", 0)),
         "env_failures": int(stats.get("env_failures", 0)),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
+        "tool_calls": sum(t.tool_calls for t in trajectories),
+        "malformed_tool_calls": sum(t.malformed_calls for t in trajectories),
         "rollout_s": rollout_s,
         "train_s": rec.train_finished - rec.train_started,
         "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,
