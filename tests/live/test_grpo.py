@@ -201,7 +201,9 @@ def shared_prompt_samples(groups: int = 2, tries: int = 3) -> list[TrainSample]:
     return samples
 
 
-@pytest.mark.parametrize("config", [LLAMA, tiny_model("qwen3", vocab_size=120)], ids=["llama", "qwen3"])
+@pytest.mark.parametrize(
+    "config", [LLAMA, tiny_model("qwen3", vocab_size=120)], ids=["llama", "qwen3"]
+)
 def test_the_shared_prefix_forward_equals_the_dense_one_with_its_gradients(config):
     """``forward_shared`` (the prompt once, G suffixes attending to it) gives the dense
     forward's hidden states on the concatenated sequences, and the same gradients."""
@@ -251,3 +253,35 @@ def test_a_step_on_shared_prompts_equals_the_step_without_sharing(monkeypatch):
     ):
         scale = float(pb.grad.abs().max())  # fp32 sums in another order: relative to it
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=2e-6 * scale, msg=n)
+
+
+def test_a_background_checkpoint_holds_the_weights_of_when_it_was_taken(tmp_path):
+    """``save_async`` snapshots, then writes while training goes on: the folder holds the
+    weights and counters of the moment it was called, not the later ones."""
+    samples = rollout_samples()
+    batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
+    config = TrainerConfig(learning_rate=1e-3)
+    a = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    a.train_step(batch)
+    at_save = {n: p.detach().clone() for n, p in a.model.named_parameters()}
+    a.save_async(tmp_path / "v1")
+    a.train_step(batch)  # the weights move on while the checkpoint is written
+    a.flush()
+    assert not (tmp_path / "v1.tmp").exists()
+    b = GRPOTrainer(ModelSpec(config=LLAMA, seed=1), config)
+    b.load(tmp_path / "v1")
+    assert b.version == 1
+    for n, p in b.model.named_parameters():
+        torch.testing.assert_close(p, at_save[n], rtol=0, atol=0, msg=n)
+        assert not torch.equal(p, dict(a.model.named_parameters())[n]), n
+
+
+def test_a_failed_background_write_raises_at_the_next_save(tmp_path):
+    trainer = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig())
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    trainer.save_async(blocker / "v0")  # its parent is a file: the write fails
+    with pytest.raises(OSError):
+        trainer.flush()
+    trainer.save(tmp_path / "v0")  # the trainer stays usable
+    assert (tmp_path / "v0" / "optimizer" / "trainer.json").is_file()

@@ -84,6 +84,8 @@ class GRPOTrainer:
         )
         self.version = 0
         self.lent = False
+        self._writer: Any = None  # the checkpoint writer thread, started at the first save
+        self._pending: Any = None  # the checkpoint being written (a Future)
 
     # -- scoring ------------------------------------------------------------------------
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
@@ -234,15 +236,21 @@ class GRPOTrainer:
         self.lent = False
 
     def save(self, folder: str | Path) -> Path:
-        """Write weights (a loadable model folder), optimizer moments and counters."""
-        from safetensors.torch import save_file
+        """Write weights (a loadable model folder), optimizer moments and counters, and
+        wait until they are on disk."""
+        self.save_async(folder)
+        self.flush()
+        return Path(folder)
 
-        from pearl.models.loader import save_model
-
-        folder = Path(folder)
-        tmp = folder.with_name(folder.name + ".tmp")
-        save_model(self.model, tmp)
+    def save_async(self, folder: str | Path) -> None:
+        """Snapshot the weights, optimizer moments and counters now (a copy in memory) and
+        write them in the background, so that training goes on while the checkpoint is
+        written (SmolLM2-135M: 1.6 GB, ~4 s on the dev machine). One write is in flight at
+        a time; the folder appears whole (written as ``<folder>.tmp``, then renamed). A
+        failed write raises at the next ``save``, ``save_async`` or ``flush``."""
+        self.flush()
         names = {id(p): n for n, p in self.model.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         moments: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for group in self.optimizer.param_groups:
@@ -250,20 +258,23 @@ class GRPOTrainer:
                 state = self.optimizer.state.get(p)
                 if state:
                     name = names[id(p)]
-                    moments[f"{name}:exp_avg"] = state["exp_avg"].contiguous()
-                    moments[f"{name}:exp_avg_sq"] = state["exp_avg_sq"].contiguous()
+                    moments[f"{name}:exp_avg"] = state["exp_avg"].clone()
+                    moments[f"{name}:exp_avg_sq"] = state["exp_avg_sq"].clone()
                     steps[name] = float(state["step"])
-        # A subfolder: the checkpoint itself stays a model folder engines can load.
-        (tmp / "optimizer").mkdir()
-        save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
         meta = {"version": self.version, "steps": steps, "config": asdict(self.config)}
-        (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
-        if folder.exists():
-            import shutil
+        if self._writer is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-        return folder
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._pending = self._writer.submit(
+            _write_checkpoint, Path(folder), self.model.config, weights, moments, meta
+        )
+
+    def flush(self) -> None:
+        """Wait for the checkpoint being written, if any (and raise its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def load(self, folder: str | Path) -> None:
         """Restore weights, optimizer moments and the version from ``save``'s folder."""
@@ -288,6 +299,33 @@ class GRPOTrainer:
                 "exp_avg_sq": moments[f"{name}:exp_avg_sq"],
             }
         self.version = int(meta["version"])
+
+
+def _write_checkpoint(
+    folder: Path,
+    config: Any,
+    weights: dict[str, torch.Tensor],
+    moments: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+) -> None:
+    """``GRPOTrainer.save``'s files from a snapshot: a model folder engines can load, with
+    the optimizer in a subfolder; whole or not at all (temp folder, then rename)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from pearl.models.loader import save_state
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # an earlier write that did not finish
+    save_state(config, weights, tmp)
+    (tmp / "optimizer").mkdir()
+    save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
+    (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
 
 
 def _common_prefix(sequences: list[list[int]]) -> int:
@@ -342,5 +380,13 @@ class LiveTrainer:
     async def restore_device(self) -> None:
         await self.actor.restore_device.remote()
 
-    async def save(self, folder: str) -> None:
-        await self.actor.save.remote(folder)
+    async def save(self, folder: str, background: bool = False) -> None:
+        """Write a checkpoint; ``background``: return once it is snapshotted, while the
+        trainer writes it (``flush`` waits for it)."""
+        if background:
+            await self.actor.save_async.remote(folder)
+        else:
+            await self.actor.save.remote(folder)
+
+    async def flush(self) -> None:
+        await self.actor.flush.remote()

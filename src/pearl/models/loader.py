@@ -123,10 +123,15 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> Decode
 
 def save_model(model: DecoderForCausalLM, folder: str | Path) -> None:
     """Write ``config.json`` and ``model.safetensors`` (used by tests and the demo)."""
+    state = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}
+    save_state(model.config, state, folder)
+
+
+def save_state(config: ModelConfig, state: dict[str, torch.Tensor], folder: str | Path) -> None:
+    """Write a model folder from a config and a state dict (e.g. a snapshot taken earlier)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2))
-    state = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
     save_file(state, str(folder / "model.safetensors"))

@@ -79,6 +79,7 @@ class TrainRun:
             await live.start()
             return await live.train(stop)
         except asyncio.CancelledError:  # Ctrl-C or SIGTERM: asyncio cancels this task
+            await live.flush_checkpoint()  # the last checkpoint is the resume point
             raise live.stopped("interrupted (Ctrl-C or SIGTERM)", RunStopped) from None
         finally:
             stop.remove()  # a second Ctrl-C during the clean-up interrupts it
@@ -289,6 +290,13 @@ class _LiveRun:
             self.run.log(f"checkpoint: {checkpoint}")
         return {"run_dir": str(self.folder.path), **summary}
 
+    async def flush_checkpoint(self) -> None:
+        """Wait for a checkpoint the trainer is writing in the background, if it can."""
+        try:
+            await asyncio.wait_for(self.trainer.flush(), timeout=120)
+        except Exception as exc:  # a dead trainer or a failed write: the folder says
+            self.run.log(f"the last checkpoint could not be completed ({exc})")
+
     def stopped(self, why: str, stop: type[RunInterrupted]) -> RunInterrupted:
         """Mark the run folder incomplete and say how to continue from the last checkpoint."""
         folder, rows = self.folder, self.rows
@@ -358,7 +366,9 @@ class _StepRecorder:
         )
         every = live.cfg.run.checkpoint_every
         if every and (step + 1) % every == 0:
-            await live.trainer.save(str(live.folder.path / "checkpoints" / f"v{version}"))
+            # Written while the next step trains; the final checkpoint waits for it.
+            path = live.folder.path / "checkpoints" / f"v{version}"
+            await live.trainer.save(str(path), background=True)
 
 
 class _StopOnSignals:
