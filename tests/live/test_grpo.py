@@ -101,13 +101,20 @@ def test_a_step_lowers_the_loss_on_its_batch_and_refuses_while_lent():
     batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
 
     def loss() -> float:
-        with torch.no_grad():
-            total = sum(sum(s.loss_mask[1:]) for s in samples)
-            lp, old, mask = trainer._token_logprobs(samples)
-            adv = torch.tensor(
-                group_advantages([s.reward for s in samples], [s.group for s in samples])
-            )
-            return float(clipped_token_loss(lp, old, adv, mask, 0.2, total)[0])
+        """The step's loss on the current weights, from the trainer's own scores."""
+        scored = trainer.score(samples)
+        width = max(len(s.token_ids) for s in samples)
+
+        def rows(values) -> torch.Tensor:
+            return torch.tensor([list(v) + [0.0] * (width - len(v)) for v in values])
+
+        mask = rows([s.loss_mask for s in samples])
+        adv = torch.tensor(
+            group_advantages([s.reward for s in samples], [s.group for s in samples])
+        )
+        total = int(mask[:, 1:].sum())
+        old = rows([s.logprobs for s in samples])
+        return float(clipped_token_loss(rows(scored), old, adv, mask, 0.2, total)[0])
 
     before = loss()
     stats = trainer.train_step(batch)
@@ -204,47 +211,58 @@ def shared_prompt_samples(groups: int = 2, tries: int = 3) -> list[TrainSample]:
 @pytest.mark.parametrize(
     "config", [LLAMA, tiny_model("qwen3", vocab_size=120)], ids=["llama", "qwen3"]
 )
-def test_the_shared_prefix_forward_equals_the_dense_one_with_its_gradients(config):
-    """``forward_shared`` (the prompt once, G suffixes attending to it) gives the dense
-    forward's hidden states on the concatenated sequences, and the same gradients."""
-    torch.manual_seed(0)
-    model_a = GRPOTrainer(ModelSpec(config=config, seed=0)).model
-    model_b = GRPOTrainer(ModelSpec(config=config, seed=0)).model
-    prefix = torch.randint(1, 100, (7,))
-    suffix = torch.randint(1, 100, (3, 5))
-    suffix[1, 3:] = 0  # right padding of a shorter suffix
-    dense = model_a.forward_dense(torch.cat([prefix.expand(3, -1), suffix], dim=1))
-    shared = model_b.forward_shared(prefix, suffix)
-    torch.testing.assert_close(shared, dense, rtol=1e-5, atol=1e-5)
-    weights = torch.randn_like(dense)
-    weights[1, 7 + 3 :] = 0  # padding contributes nothing, as in the trainer
-    (dense * weights).sum().backward()
-    (shared * weights).sum().backward()
+def test_a_prefix_tree_row_gives_each_trajectory_its_own_hidden_states_and_gradients(config):
+    """Packed as prefix trees (a group's prompt once, its trajectories after it, with
+    positions restarting and a mask), every scored position's hidden state is the one the
+    trajectory gets run alone, and so are the gradients of a loss on them."""
+    from pearl.live import packing
+
+    samples = shared_prompt_samples()
+    tree_model = GRPOTrainer(ModelSpec(config=config, seed=0)).model
+    alone_model = GRPOTrainer(ModelSpec(config=config, seed=0)).model
+    rows = packing.trees(samples, list(range(len(samples))), budget=10_000)
+    assert [(p, len(m)) for p, m in rows] == [(12, 3), (15, 3)]  # one tree per task
+    batch = packing.pack(samples, rows)
+    # Each row holds its prompt once: shorter than its three trajectories end to end.
+    assert batch.ids.shape[1] < sum(len(samples[i].token_ids) for i in rows[1][1])
+    hidden = tree_model.forward_tree(batch.ids, batch.positions, batch.allowed)
+    got = hidden[batch.rows, batch.cols]
+    weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(0))
+    (got * weights).sum().backward()
+    expected = []
+    for i, t in zip(batch.sample.tolist(), batch.offsets.tolist(), strict=True):
+        ids = torch.tensor([samples[i].token_ids])
+        expected.append(alone_model.forward_dense(ids)[0, t - 1])
+    alone = torch.stack(expected)
+    torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+    (alone * weights).sum().backward()
     for (n, pa), (_, pb) in zip(
-        model_a.named_parameters(), model_b.named_parameters(), strict=True
+        tree_model.named_parameters(), alone_model.named_parameters(), strict=True
     ):
-        if pa.grad is None:  # the lm head: hidden states only
-            assert pb.grad is None, n
+        if pb.grad is None:  # the lm head: hidden states only
+            assert pa.grad is None, n
             continue
-        scale = float(pa.grad.abs().max())  # fp32 sums in another order: relative to it
-        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=2e-6 * scale, msg=n)
+        scale = float(pb.grad.abs().max())  # fp32 sums in another order: relative to it
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=2e-6 * scale, msg=n)
 
 
-def test_a_step_on_shared_prompts_equals_the_step_without_sharing(monkeypatch):
-    """The trainer runs each group's common prompt once; the step (loss, statistics, the
-    clipped gradient AdamW applied) is the one the plain padded batch gives."""
-    import pearl.live.trainer as trainer_module
+def test_a_step_on_prefix_trees_equals_the_step_without_sharing(monkeypatch):
+    """The step (loss, statistics, the clipped gradient AdamW applied) on prefix trees is
+    the one without any shared prefix, whatever the micro-batch split."""
+    from pearl.live import packing
 
     samples = shared_prompt_samples()
     batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
-    config = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=64)
+    config = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=48)
     shared = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
-    # One micro-batch for the first task; the second's three do not fit 64 tokens at once.
-    parts = shared._shared_batches(samples, list(range(6)))
-    assert [(p, len(group)) for p, group in parts] == [(12, 3), (15, 2), (15, 1)]
+    # Each task's tree is split: its three trajectories do not fit 48 tokens at once.
+    rows = packing.trees(samples, list(range(6)), 48)
+    assert [p for p, _ in rows] == [12, 12, 15, 15]
+    for p, members in rows:
+        assert p + sum(len(samples[i].token_ids) - p for i in members) <= 48
     stats_shared = shared.train_step(batch)
-    monkeypatch.setattr(trainer_module, "_common_prefix", lambda sequences: 0)
-    plain = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    monkeypatch.setattr(packing, "common_prefix", lambda sequences: 0)
+    plain = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3))
     stats_plain = plain.train_step(batch)
     for key in ("loss", "grad_norm", "trained_tokens", "clip_fraction", "mean_ratio"):
         assert stats_shared[key] == pytest.approx(stats_plain[key], rel=1e-5, abs=1e-7), key

@@ -2,11 +2,11 @@
 
 ``GRPOTrainer`` is a plain class (tested in-process); ``LiveTrainer`` is the control
 plane's handle on it as a Ray actor and implements ``pearl.control.interfaces.Trainer``.
-A step packs each group's trajectories (one task's G tries, sharing their prompt) into
-micro-batches of at most ``micro_batch_tokens`` tokens, runs the shared prompt once per
-micro-batch (``forward_shared``: the gradient from every trajectory reaches it), scores
-only the positions that predict the model's own tokens (the lm head runs on those rows
-only), accumulates the clipped token-level GRPO loss, clips the
+A step lays each group's trajectories (one task's G tries, sharing their prompt) out as a
+prefix tree (``pearl.live.packing``: the prompt once, the gradient from every trajectory
+reaching it), stacks the trees into micro-batches of at most ``micro_batch_tokens``
+tokens, scores only the positions that predict the model's own tokens (the lm head runs
+on those rows only), accumulates the clipped token-level GRPO loss, clips the
 gradient norm and takes one AdamW step; the new weights are version ``step + 1``.
 
 Checkpoints hold no pickle: weights and optimizer moments in safetensors, counters in JSON.
@@ -27,7 +27,9 @@ import torch
 from pearl.control.episode import ENV_FAILURES
 from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
 from pearl.errors import CheckpointError
+from pearl.live import packing
 from pearl.live.grpo import clipped_token_loss, group_advantages
+from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
 
 
@@ -88,83 +90,29 @@ class GRPOTrainer:
         self._pending: Any = None  # the checkpoint being written (a Future)
 
     # -- scoring ------------------------------------------------------------------------
-    def _micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
-        """Indices of ``samples`` grouped by length so each group's padded size fits."""
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for i in order:
-            longest = len(samples[i].token_ids)  # sorted: the newest is the longest
-            if current and (len(current) + 1) * longest > self.config.micro_batch_tokens:
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
-        return batches
+    def _micro_batches(self, samples: list[TrainSample], indices: list[int]) -> list[PackedBatch]:
+        """The ``indices`` of ``samples`` as prefix-tree rows (a group's shared prompt
+        once), stacked into micro-batches of at most ``micro_batch_tokens`` tokens."""
+        budget = self.config.micro_batch_tokens
+        rows = packing.trees(samples, indices, budget)
+        return [packing.pack(samples, mb) for mb in packing.micro_batches(samples, rows, budget)]
 
-    def _shared_batches(
-        self, samples: list[TrainSample], useful: list[int]
-    ) -> list[tuple[int, list[int]]]:
-        """``(prefix length, indices)`` micro-batches of the ``useful`` samples: the
-        trajectories of one group (one task) share their prompt, computed once per
-        micro-batch; each micro-batch costs at most ``micro_batch_tokens`` tokens
-        (prefix + padded suffixes) where one trajectory fits."""
-        by_group: dict[str, list[int]] = {}
-        for i in useful:
-            by_group.setdefault(samples[i].group, []).append(i)
-        batches: list[tuple[int, list[int]]] = []
-        for members in by_group.values():
-            ids = [samples[i].token_ids for i in members]
-            prefix = _common_prefix(ids)
-            order = sorted(members, key=lambda i: len(samples[i].token_ids))
-            current: list[int] = []
-            for i in order:
-                longest = len(samples[i].token_ids) - prefix  # sorted: the newest is longest
-                cost = prefix + (len(current) + 1) * longest
-                if current and cost > self.config.micro_batch_tokens:
-                    batches.append((prefix, current))
-                    current = []
-                current.append(i)
-            batches.append((prefix, current))
-        return batches
-
-    def _token_logprobs(
-        self, samples: list[TrainSample], prefix: int = 0
-    ) -> tuple[torch.Tensor, ...]:
-        """(log-probabilities of each masked token [B, L-1], behaviour ones, mask), with
-        position j predicting token j + 1. The first ``prefix`` tokens, equal in every
-        sample, run once (``forward_shared``)."""
-        length = max(len(s.token_ids) for s in samples)
-        ids = torch.zeros(len(samples), length, dtype=torch.long)
-        mask = torch.zeros(len(samples), length - 1)
-        old = torch.zeros(len(samples), length - 1)
-        for b, s in enumerate(samples):
-            n = len(s.token_ids)
-            ids[b, :n] = torch.tensor(s.token_ids)
-            mask[b, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
-            old[b, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
-        if prefix > 0:
-            hidden = self.model.forward_shared(ids[0, :prefix], ids[:, prefix:])[:, :-1]
-        else:
-            hidden = self.model.forward_dense(ids)[:, :-1]  # [B, L-1, H]
-        rows = mask.bool()
-        logits = self.model.compute_logits(hidden[rows]) / self.config.temperature
-        chosen = torch.log_softmax(logits, dim=-1).gather(1, ids[:, 1:][rows].unsqueeze(1))
-        logprobs = torch.zeros(len(samples), length - 1)
-        logprobs = logprobs.masked_scatter(rows, chosen.squeeze(1))
-        return logprobs, old, mask
+    def _token_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """The current weights' log-probability of each scored token of ``batch`` [N]."""
+        hidden = self.model.forward_tree(batch.ids, batch.positions, batch.allowed)
+        logits = self.model.compute_logits(hidden[batch.rows, batch.cols]) / self.config.temperature
+        return torch.log_softmax(logits, dim=-1).gather(1, batch.targets.unsqueeze(1)).squeeze(1)
 
     @torch.no_grad()
     def score(self, samples: list[TrainSample]) -> list[list[float]]:
         """The current weights' log-probability of each masked token (0 elsewhere), aligned
         with each sample's tokens."""
-        out: list[list[float]] = [[] for _ in samples]
-        for group in self._micro_batches(samples):
-            logprobs, _, _ = self._token_logprobs([samples[i] for i in group])
-            for row, i in enumerate(group):
-                n = len(samples[i].token_ids)
-                out[i] = [0.0] + logprobs[row, : n - 1].tolist()
+        out = [[0.0] * len(s.token_ids) for s in samples]
+        for batch in self._micro_batches(samples, list(range(len(samples)))):
+            logprobs = self._token_logprobs(batch)
+            where = zip(batch.sample.tolist(), batch.offsets.tolist(), strict=True)
+            for (i, t), lp in zip(where, logprobs.tolist(), strict=True):
+                out[i][t] = lp
         return out
 
     # -- training -----------------------------------------------------------------------
@@ -185,12 +133,20 @@ class GRPOTrainer:
         # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
         # gradient: it is not scored at all (the result is exactly the full batch's).
         useful = [i for i, a in enumerate(advantages) if a != 0.0]
+        per_sample = torch.tensor(advantages, dtype=torch.float32)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = tokens = clipped = ratio_sum = 0.0
-        for prefix, group in self._shared_batches(samples, useful):
-            logprobs, old, mask = self._token_logprobs([samples[i] for i in group], prefix)
-            adv = torch.tensor([advantages[i] for i in group], dtype=torch.float32)
-            loss, stats = clipped_token_loss(logprobs, old, adv, mask, self.config.clip_eps, total)
+        for part in self._micro_batches(samples, useful):
+            logprobs = self._token_logprobs(part).unsqueeze(1)  # [N, 1]: one token per row
+            ones = torch.ones_like(logprobs)
+            loss, stats = clipped_token_loss(
+                logprobs,
+                part.behaviour.unsqueeze(1),
+                per_sample[part.sample],
+                ones,
+                self.config.clip_eps,
+                total,
+            )
             loss.backward()
             loss_sum += float(loss.detach())
             tokens += stats["tokens"]
@@ -326,16 +282,6 @@ def _write_checkpoint(
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
-
-
-def _common_prefix(sequences: list[list[int]]) -> int:
-    """Length of the prefix all ``sequences`` share, leaving each at least one token."""
-    limit = min(len(s) for s in sequences) - 1
-    first = sequences[0]
-    n = 0
-    while n < limit and all(s[n] == first[n] for s in sequences[1:]):
-        n += 1
-    return n
 
 
 class LiveTrainer:

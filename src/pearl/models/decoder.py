@@ -72,44 +72,30 @@ class Attention(nn.Module):
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
 
-    def shared(
-        self, xp: torch.Tensor, xs: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Causal attention for G sequences that share a prefix, the prefix computed once:
-        ``xp [1, P, hidden]`` the prefix, ``xs [G, S, hidden]`` the right-padded suffixes,
-        ``positions [P + S]``. Suffix tokens attend to the whole prefix and causally among
-        themselves, exactly as in ``dense`` on the concatenated sequences; gradients from
-        every suffix reach the one prefix."""
-        p_len, (g, s_len, _) = xp.shape[1], xs.shape
-        x = torch.cat([xp.reshape(p_len, -1), xs.reshape(g * s_len, -1)])
-        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+    def tree(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        allowed: torch.Tensor,
+    ) -> torch.Tensor:
+        """Self-attention over ``x [B, L, hidden]`` under an explicit mask ``allowed
+        [B, L, L]`` (query, key) with each token's own ``positions [B, L]``: the trainer's
+        prefix-tree rows (``pearl.live.packing``), where several sequences share a prefix."""
+        b, length, _ = x.shape
+        n = b * length
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        pos = torch.cat([positions[:p_len], positions[p_len:].repeat(g)])
-        q, k = rotary(pos, q, k)
-
-        def heads(t: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-            prefix = t[:p_len].view(1, p_len, n, self.head_dim).transpose(1, 2)
-            suffix = t[p_len:].view(g, s_len, n, self.head_dim).transpose(1, 2)
-            return prefix, suffix
-
-        (qp, qs), (kp, ks), (vp, vs) = (
-            heads(q, self.num_heads),
-            heads(k, self.num_kv_heads),
-            heads(v, self.num_kv_heads),
+        q, k = rotary(positions.reshape(n), q, k)
+        q = q.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q, k, v.transpose(1, 2), attn_mask=allowed.unsqueeze(1), enable_gqa=True
         )
-        out_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
-        keys = torch.cat([kp.expand(g, -1, -1, -1), ks], dim=2)
-        values = torch.cat([vp.expand(g, -1, -1, -1), vs], dim=2)
-        allowed = torch.ones(s_len, p_len + s_len, dtype=torch.bool, device=xs.device)
-        allowed[:, p_len:] = torch.tril(allowed[:, p_len:])
-        out_s = F.scaled_dot_product_attention(qs, keys, values, attn_mask=allowed, enable_gqa=True)
-        return (
-            self.o_proj(out_p.transpose(1, 2).reshape(1, p_len, -1)),
-            self.o_proj(out_s.transpose(1, 2).reshape(g, s_len, -1)),
-        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
 
 
 class DecoderLayer(nn.Module):
@@ -130,14 +116,9 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn.dense(self.input_layernorm(x), positions, rotary)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def shared(self, xp, xs, positions, rotary):
-        ap, as_ = self.self_attn.shared(
-            self.input_layernorm(xp), self.input_layernorm(xs), positions, rotary
-        )
-        xp, xs = xp + ap, xs + as_
-        return xp + self.mlp(self.post_attention_layernorm(xp)), xs + self.mlp(
-            self.post_attention_layernorm(xs)
-        )
+    def tree(self, x, positions, rotary, allowed):
+        x = x + self.self_attn.tree(self.input_layernorm(x), positions, rotary, allowed)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderBody(nn.Module):
@@ -185,18 +166,17 @@ class DecoderForCausalLM(nn.Module):
             x = layer.dense(x, positions, self.rotary)
         return self.model.norm(x)
 
-    def forward_shared(self, prefix_ids: torch.Tensor, suffix_ids: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[G, P + S, hidden]`` of G sequences ``prefix_ids [P]`` +
-        ``suffix_ids [G, S]`` (right-padded), the shared prefix computed once: equal to
-        ``forward_dense`` on the concatenated batch, at the cost of P + G * S tokens instead
-        of G * (P + S). GRPO's G trajectories of one task share their prompt."""
-        p_len, (g, s_len) = prefix_ids.shape[0], suffix_ids.shape
-        positions = torch.arange(p_len + s_len, device=suffix_ids.device)
-        xp = self.model.embed_tokens(prefix_ids).unsqueeze(0)
-        xs = self.model.embed_tokens(suffix_ids)
+    def forward_tree(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor
+    ) -> torch.Tensor:
+        """Hidden states ``[B, L, hidden]`` of rows ``input_ids [B, L]`` whose tokens carry
+        their own ``positions`` and attend where ``allowed [B, L, L]`` says: with a causal
+        mask and ``arange`` positions, ``forward_dense``; with a prefix tree
+        (``pearl.live.packing``), every sequence's hidden states as if run alone."""
+        x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            xp, xs = layer.shared(xp, xs, positions, self.rotary)
-        return torch.cat([self.model.norm(xp).expand(g, -1, -1), self.model.norm(xs)], dim=1)
+            x = layer.tree(x, positions, self.rotary, allowed)
+        return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the given hidden states ``[n, hidden]``."""
