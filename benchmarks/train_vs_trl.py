@@ -62,6 +62,17 @@ TASKS: dict[str, dict[str, Any]] = {
 TURN_TOKENS = 64  # per turn (PEARL's max_new_tokens; TRL caps the whole completion at the sum)
 
 
+# Everything a run writes (model copies, run folders with a 1.6 GB checkpoint per step,
+# TRL's outputs) goes under one folder, removed when the benchmark ends.
+_SCRATCH: list[str] = []
+
+
+def scratch(prefix: str) -> str:
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="pearl-vs-trl-"))
+    return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH[0])
+
+
 def common(args) -> dict:
     return {
         "tasks_per_step": args.tasks,
@@ -83,7 +94,7 @@ def model_folder(task: str) -> Path:
         return folder
     from trl.chat_template_utils import qwen3_chat_template
 
-    copy = Path(tempfile.mkdtemp(prefix="smollm2-tools-"))
+    copy = Path(scratch("smollm2-tools-"))
     for item in folder.iterdir():
         if item.name != "chat_template.jinja":
             (copy / item.name).symlink_to(item.resolve())
@@ -107,7 +118,7 @@ def run_pearl(settings: dict, task: str, steps: int | None = None) -> dict:
         f"run.steps={steps}",
         "run.eval_tasks=0",
         "run.checkpoint_every=1",
-        f"run.run_dir={tempfile.mkdtemp(prefix='pearl-vs-trl-')}",
+        f"run.run_dir={scratch('pearl-run-')}",
     ]
     out = TrainRun(load_train_config(None, overrides)).run()
     run_dir = Path(out["run_dir"])
@@ -147,7 +158,7 @@ def heldout_success(task: str, model: Path, tasks: int, resume: str | None = Non
         f"rollout.max_new_tokens={TURN_TOKENS}",
         "run.steps=0",
         f"run.eval_tasks={tasks}",
-        f"run.run_dir={tempfile.mkdtemp(prefix='pearl-vs-trl-eval-')}",
+        f"run.run_dir={scratch('pearl-eval-')}",
     ]
     out = TrainRun(load_train_config(None, overrides)).run(resume=resume)
     before = out["before"]
@@ -236,7 +247,7 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
     if batch % micro or micro % settings["group_size"]:
         raise ValueError(f"--trl-micro-batch {micro} must divide {batch} in whole groups")
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
+        output_dir=scratch("trl-grpo-"),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=batch // micro,
         num_generations=settings["group_size"],
@@ -289,7 +300,7 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
     )
     trainer.train()
     seconds = clock["end"] - clock["start"]
-    model_dir = tempfile.mkdtemp(prefix="trl-model-")
+    model_dir = scratch("trl-model-")
     trainer.save_model(model_dir)  # weights, config, tokenizer and chat template
     trajectories = settings["steps"] * batch
     return {
@@ -306,6 +317,16 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
 
 
 def main() -> None:
+    import shutil
+
+    try:
+        run(parse())
+    finally:
+        for folder in _SCRATCH:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=("single", "multi", "both"), default="both")
     parser.add_argument("--steps", type=int, default=6)
@@ -322,7 +343,10 @@ def main() -> None:
         help="TRL's per-device batch (gradient accumulation to the step's batch; 0: whole)",
     )
     parser.add_argument("--out", default="results/train_vs_trl.json")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     settings = common(args)
     threads = os.cpu_count() or 1
     tasks = ["single", "multi"] if args.task == "both" else [args.task]
