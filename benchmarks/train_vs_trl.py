@@ -136,6 +136,9 @@ def run_pearl(settings: dict, task: str, steps: int | None = None) -> dict:
         },
         "task": task,
         "turns_per_trajectory": sum(r["turns"] for r in rows) / trajectories,
+        # Tool calls the environment ran, and replies with a malformed one (multi-turn).
+        "tool_calls_per_trajectory": sum(r.get("tool_calls", 0) for r in rows) / trajectories,
+        "malformed_tool_calls": sum(r.get("malformed_tool_calls", 0) for r in rows),
         "steps": len(rows),
         "trajectories": trajectories,
         "train_seconds": seconds,
@@ -276,6 +279,7 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
         seed=0,
     )
     curve: list[tuple[float, float]] = []
+    calls: list[float] = []
     clock: dict[str, float] = {}
 
     class Timeline(TrainerCallback):
@@ -285,6 +289,8 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
                 curve.append((time.monotonic() - clock["start"], float(logs["reward"])))
+            if logs and "tools/call_frequency" in logs:  # tool calls per trajectory
+                calls.append(float(logs["tools/call_frequency"]))
 
         def on_train_end(self, args, state, control, **kwargs):
             clock["end"] = time.monotonic()
@@ -311,6 +317,7 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
         "train_seconds": seconds,
         "trajectories_per_s": trajectories / seconds,
         "curve": curve,
+        "tool_calls_per_trajectory": sum(calls) / len(calls) if calls else 0.0,
         "threads": threads,
         "model_dir": model_dir,
     }
@@ -374,6 +381,14 @@ def run(args: argparse.Namespace) -> None:
     for r in results:
         points = ", ".join(f"{t:.0f}s: {v:.3f}" for t, v in r["curve"])
         print(f"{r['task']} {r['system']} reward vs wall time: {points}")
+        if r["task"] == "multi":
+            turns = (
+                f"{r['turns_per_trajectory']:.2f} turns, " if "turns_per_trajectory" in r else ""
+            )
+            print(
+                f"multi {r['system']}: {turns}{r['tool_calls_per_trajectory']:.2f} tool calls "
+                "per trajectory"
+            )
     for task in tasks:
         by = {r["system"]: r for r in results if r["task"] == task}
         if len(by) == 2:
