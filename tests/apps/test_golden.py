@@ -8,7 +8,9 @@ after it; the RL digest then changed twice in issue 20: by adding the per-step p
 makespan model (``pearl.control.makespan``: pearl's decisions and predictions differ); both digests changed
 once more when GPU-regime workers stopped making KV exports and state queries wait for the
 iteration in progress (``SimEngineConfig.calls_wait_for_iteration``, now only in the live
-worker's twin; with it set everywhere the previous digests come back). A deliberate change to
+worker's twin; with it set everywhere the previous digests come back), and once when the
+borrow gate's events gained ``T_return`` and ``probe`` (the same run without those two keys
+gives the previous digest: no decision changed). A deliberate change to
 what is simulated or recorded updates them in the same commit and says why.
 """
 
@@ -27,7 +29,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "8e620793a53a3630"  # issue 20: GPU engines' KV exports do not wait for an iteration
+RL_DIGEST = "0e08b74d3f1ab900"  # issue 20: the gate's events record T_return and probe
 ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
 
 
@@ -121,3 +123,35 @@ def test_rl_weight_update_reaches_the_policies_of_a_run(tmp_path):
     assert counters["policy"]["turns_aborted_by_weight_updates"] == 0
     assert counters["abort_restart"]["turns_aborted_by_weight_updates"] > 0
     assert counters["abort_restart"]["tokens_discarded"] > 0
+
+
+def test_a_closed_gate_probes_once_and_then_decides_on_the_measured_saving(tmp_path):
+    """Batch 16 on 16 dedicated GPUs (docs/decision_model.md): the model predicts borrowing
+    saves less than a handoff, so the gate closes; once a batch without borrowing was
+    measured it borrows one round against the model, and from then on the measured
+    saving, net of the activation it already contains, is weighed against the give-back."""
+    trace = tmp_path / "pool16.csv"
+    trace.write_text("time_s,available\n0,12\n")
+    cfg = load_simulate_config(
+        CONFIGS / "headline_paper.yaml",
+        [
+            "policies=[pearl]",
+            f"elastic.segments=[{trace}]",
+            "rl.duration_s=2400",
+            "processes=1",
+            "workload.num_tasks=1",
+            f"logger.run_dir={tmp_path / 'runs'}",
+        ],
+    )
+    outcome = run_experiment(cfg, log=lambda line: None)
+    events = Path(outcome.run_dir) / "events.jsonl"
+    gates = [e for e in map(json.loads, events.read_text().splitlines()) if e["kind"] == "gate"]
+    decided = [g for g in gates if "borrow_by_model" in g]  # after the first refit
+    assert not decided[0]["borrow_by_model"] and not decided[0]["borrow"]
+    probes = [k for k, g in enumerate(decided) if g["probe"]]
+    assert len(probes) == 1 and decided[probes[0]]["borrow"]
+    after = decided[probes[0] + 1 :]
+    assert after and all(g["measured_saving"] is not None and not g["probe"] for g in after)
+    for g in after:
+        assert g["borrow"] == (g["measured_saving"] * g["T_ded"] > g["T_return"])
+        assert g["T_return"] < g["T_toggle"]

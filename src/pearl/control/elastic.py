@@ -125,6 +125,7 @@ class ElasticScheduler:
         # Background expansions in flight, each a group admitted (or cancelled) as a whole.
         self._expansions: dict[asyncio.Task[bool], frozenset[SlotId]] = {}
         self._lock = asyncio.Lock()  # one reconfiguration at a time (the table serializes too)
+        self._probed = False  # the gate borrowed once against the model, to measure
         self._replacements: set[asyncio.Future] = set()  # overlap workers being restarted
 
     # -- helpers -------------------------------------------------------------------
@@ -305,7 +306,9 @@ class ElasticScheduler:
             self.log({"kind": "give_back", "step": step, "roles": _labels(roles)})
             await self.toggle.give_back(roles)
             if self.tracker is not None and self.toggle.toggle_seconds:
-                self.tracker.observe_toggle(self.toggle.toggle_seconds[-1])
+                self.tracker.observe_toggle(
+                    self.toggle.toggle_seconds[-1], self.toggle.return_seconds[-1]
+                )
 
     async def on_training_finished(self, step: int, weight_version: int) -> None:
         """Borrow the overlap zone for the rest of the rollout batch, if it pays."""
@@ -341,10 +344,29 @@ class ElasticScheduler:
         t_toggle = lat if lat is not None else self.toggle.activate_s + self.toggle.deactivate_s
         by_model = borrow_gate(R, B, t_ded, t_full, t_toggle)
         # The paper's formula is the prior; once batches with and without borrowing were
-        # both measured, what borrowing actually saved replaces the model's (T_ded - T_full)
-        # (the measured saving already reflects how late in a batch borrowing starts).
+        # both measured, what borrowing actually saved replaces the model's (T_ded - T_full).
+        # A measured saving is net of the activation (the overlap workers joined late in
+        # those batches) and of how late in a batch borrowing starts: only the give-back,
+        # paid before training begins, is still to be charged against it.
         saving = self.tracker.measured_borrow_saving() if self.tracker is not None else None
-        ok = by_model if saving is None else saving * t_ded > t_toggle
+        t_return = self.tracker.return_cost_s.value if self.tracker is not None else None
+        if t_return is None:
+            t_return = self.toggle.deactivate_s
+        ok = by_model if saving is None else saving * t_ded > t_return
+        # The model cannot see what borrowed workers take off the dedicated ones (their
+        # prefill, the tail of the batch), and a closed gate never measures it: once a
+        # batch without borrowing has been measured, borrow one round against the model so
+        # that the measured saving decides from then on. It costs one round's handoff
+        # where borrowing does not pay.
+        probe = (
+            not ok
+            and saving is None
+            and not self._probed
+            and self.tracker is not None
+            and self.tracker.makespan_ratio_dedicated.value is not None
+        )
+        if probe:
+            self._probed = ok = True
         self.log(
             {
                 "kind": "gate",
@@ -356,6 +378,8 @@ class ElasticScheduler:
                 "T_toggle": t_toggle,
                 "borrow_by_model": by_model,
                 "measured_saving": saving,
+                "T_return": t_return,
+                "probe": probe,
                 "borrow": ok,
             }
         )

@@ -43,7 +43,8 @@ class IntraScaleToggleManager:
         self.rounds = 0
         self.skipped_by_gate = 0
         self.replaced = 0  # overlap workers restarted after dying
-        self.toggle_seconds: list[float] = []
+        self.toggle_seconds: list[float] = []  # per round: activation + give-back
+        self.return_seconds: list[float] = []  # per round: the give-back alone
 
     async def borrow(
         self,
@@ -146,8 +147,9 @@ class IntraScaleToggleManager:
         await self.trainer.restore_device()
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in self.training_slots})
         self.borrowed = False
+        self.return_seconds.append(loop.time() - t0)
         if self.toggle_seconds:
-            self.toggle_seconds[-1] += loop.time() - t0
+            self.toggle_seconds[-1] += self.return_seconds[-1]
         return [p for group in partials for p in group]
 
     # Pipeline hooks: the Elastic Scheduler forwards Training Begin/Finished here.

@@ -98,6 +98,7 @@ class RuntimeTracker:
         self._trajectories: list[TrajectoryObservation] = []
         self._ema: dict[str, Ema] = {}
         self.toggle_cost_s = Ema(alpha)
+        self.return_cost_s = Ema(alpha)  # the give-back part of it, before training begins
         # Observed batch makespan over the model's prediction for the dedicated workers,
         # for batches that borrowed training GPUs and batches that did not.
         self.makespan_ratio_borrowed = Ema(alpha)
@@ -142,9 +143,11 @@ class RuntimeTracker:
             )
         )
 
-    def observe_toggle(self, seconds: float) -> None:
-        """Activation plus return cost of one borrowing round (T_toggle)."""
+    def observe_toggle(self, seconds: float, return_seconds: float) -> None:
+        """Activation plus return cost of one borrowing round (T_toggle), and the return
+        (give-back) part of it."""
         self.toggle_cost_s.update(seconds)
+        self.return_cost_s.update(return_seconds)
 
     def observe_borrowing(
         self, makespan_s: float, predicted_dedicated_s: float, borrowed: bool
