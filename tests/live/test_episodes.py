@@ -109,6 +109,65 @@ def test_a_hanging_step_times_out_without_stalling_other_episodes(chat):
     assert seconds < 0.9  # neither waited for the other
 
 
+def test_slow_plain_steps_are_timed_from_when_they_run_and_hung_ones_hold_nothing(chat):
+    """A batch's plain-function steps each run at once in their own thread: 40 steps of
+    0.3 s under a 1 s timeout all finish (a shared pool of a few threads would queue them
+    past it), even beside calls that never return."""
+    import threading
+
+    release = threading.Event()
+
+    class Slow:
+        system_prompt = "sys"
+        success = False
+
+        def __init__(self, hang=False):
+            self.hang = hang
+
+        def reset(self, seed):
+            return "task"
+
+        def step(self, action):
+            if self.hang:
+                release.wait(30)  # hangs past the timeout (released when the test ends)
+            time.sleep(0.3)
+            return StepResult("done", 1.0, True)
+
+    async def main():
+        eps = [episode(chat, Slow(hang=k < 8), timeout=1.0)[0] for k in range(48)]
+        for ep in eps:
+            await ep.start()
+        return await asyncio.gather(
+            *(ep.respond(chat.tokenizer.encode("hi")) for ep in eps), return_exceptions=True
+        )
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        release.set()
+    hung, slow = results[:8], results[8:]
+    assert all(isinstance(r, EpisodeAborted) and r.reason == "env_timeout" for r in hung)
+    assert all(r == ([], 1.0, True) for r in slow)
+
+
+def test_a_success_flag_that_raises_counts_as_a_failure_with_an_event(chat):
+    class Broken(Env):
+        @property
+        def success(self):
+            raise KeyError("score")
+
+        @success.setter
+        def success(self, value):
+            pass
+
+    ep, events = episode(chat, Broken(step=lambda a: StepResult("ok", 1.0, True)))
+    assert ep.success is False
+    assert (
+        events[0]["kind"] == "env_error"
+        and "success() on task seed 7 raised KeyError" in (events[0]["error"])
+    )
+
+
 def test_tools_are_offered_and_calls_answered_in_the_models_format(chat):
     """The calculator with tool_format=json: its tool in the system message (a template
     without tools), a valid call answered by call_tool, a malformed one explained, the

@@ -11,6 +11,7 @@ from pearl.control.interfaces import TrainBatch, TrainSample
 from pearl.engine.config import EngineConfig
 from pearl.engine.engine import LLMEngine
 from pearl.engine.sequence import Request, SamplingParams
+from pearl.errors import CheckpointError
 from pearl.live.grpo import clipped_token_loss, group_advantages
 from pearl.live.server import ModelSpec
 from pearl.live.trainer import DeviceLentError, GRPOTrainer, TrainerConfig
@@ -299,7 +300,7 @@ def test_a_failed_background_write_raises_at_the_next_save(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     trainer.save_async(blocker / "v0")  # its parent is a file: the write fails
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match=r"v0 \(weights v0\) could not be written"):
         trainer.flush()
     trainer.save(tmp_path / "v0")  # the trainer stays usable
     assert (tmp_path / "v0" / "optimizer" / "trainer.json").is_file()

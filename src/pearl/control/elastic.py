@@ -126,6 +126,7 @@ class ElasticScheduler:
         self._expansions: dict[asyncio.Task[bool], frozenset[SlotId]] = {}
         self._lock = asyncio.Lock()  # one reconfiguration at a time (the table serializes too)
         self._probed = False  # the gate borrowed once against the model, to measure
+        self._probing = False  # the round the gate just opened is that probe
         self._replacements: set[asyncio.Future] = set()  # overlap workers being restarted
 
     # -- helpers -------------------------------------------------------------------
@@ -324,13 +325,16 @@ class ElasticScheduler:
                 return self._roles_for(workers)
 
             self.log({"kind": "borrow", "step": step, "workers": sorted(self.toggle.overlap)})
-            await self.toggle.borrow(at_admission)
+            borrowed = await self.toggle.borrow(at_admission)
+            if borrowed and self._probing:
+                self._probed = True
 
     def _gate(self, step: int) -> bool:
         """``(R/B) * (T_ded - T_full) > T_toggle`` from the refitted model. Before the first
         refit nothing can be predicted: borrow only if the window is a whole batch (the
         start of the run, when the trainer idles until the first batch is rolled out)."""
         assert self.toggle is not None  # only asked when borrowing is possible
+        self._probing = False
         n_ded = len(set(self.rebuilder.workers) - set(self.toggle.overlap))
         t_ded = self.decider.best_makespan(n_ded)
         t_full = self.decider.best_makespan(n_ded + len(self.toggle.overlap))
@@ -362,11 +366,11 @@ class ElasticScheduler:
             not ok
             and saving is None
             and not self._probed
+            and 2 * R >= B  # most of the batch to go: a measurement of borrowing, not of a tail
             and self.tracker is not None
             and self.tracker.makespan_ratio_dedicated.value is not None
         )
-        if probe:
-            self._probed = ok = True
+        self._probing, ok = probe, ok or probe
         self.log(
             {
                 "kind": "gate",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,7 +111,16 @@ class TextEpisode:
 
     @property
     def success(self) -> bool:
-        return bool(self.env.success)
+        """The environment's success flag; one that cannot be read counts as a failure
+        (an ``env_error`` event says why), never as the run's end."""
+        try:
+            return bool(self.env.success)
+        except Exception as exc:
+            try:
+                self._fail("success", STOP_ENV_ERROR, f"raised {type(exc).__name__}: {exc}")
+            except EpisodeAborted:
+                pass
+            return False
 
     async def _call(self, method: str, *args: Any) -> Any:
         fn = getattr(self.env, method)
@@ -119,7 +129,7 @@ class TextEpisode:
             if inspect.iscoroutinefunction(fn):
                 call = fn(*args)
             else:
-                call = asyncio.to_thread(fn, *args)
+                call = _in_thread(fn, *args)
             out = await asyncio.wait_for(call, self.step_timeout_s)
             if inspect.isawaitable(out):  # a plain function that returned a coroutine
                 out = await asyncio.wait_for(out, self.step_timeout_s)
@@ -141,6 +151,35 @@ class TextEpisode:
         if self.log is not None:
             self.log({"kind": reason, "group": self.group, "seed": self.seed, "error": message})
         raise EpisodeAborted(reason, message)
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """``fn(*args)`` in a thread of its own, started now (so a timeout counts from when
+    the call runs, not from a queue in a shared pool); a daemon thread, so that a call that
+    never returns holds neither other episodes' calls nor the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(outcome: Any, error: BaseException | None) -> None:
+        if future.done():  # timed out and cancelled meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome, error = fn(*args), None
+        except BaseException as exc:  # handed to the episode, which decides
+            outcome, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome, error)
+        except RuntimeError:  # the loop is closed: nobody waits for this call any more
+            pass
+
+    threading.Thread(target=run, name=f"env-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
 
 
 def _is_number(value: Any) -> bool:

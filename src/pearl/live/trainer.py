@@ -88,6 +88,7 @@ class GRPOTrainer:
         self.lent = False
         self._writer: Any = None  # the checkpoint writer thread, started at the first save
         self._pending: Any = None  # the checkpoint being written (a Future)
+        self._last_saved: tuple[Path, int] | None = None  # (folder, version) last snapshotted
 
     # -- scoring ------------------------------------------------------------------------
     def _micro_batches(self, samples: list[TrainSample], indices: list[int]) -> list[PackedBatch]:
@@ -170,7 +171,7 @@ class GRPOTrainer:
             "mean_ratio": ratio_sum / max(1.0, tokens),
             "trained_tokens": tokens,
             "batch_tokens": float(total),
-            "skipped_trajectories": float(len(every) - len(useful)),
+            "skipped_trajectories": float(len(samples) - len(useful)),
             "env_failures": float(len(every) - len(samples)),
             "reward_mean": float(np.mean(rewards)),
             "reward_std": float(np.std(rewards)),
@@ -193,8 +194,10 @@ class GRPOTrainer:
 
     def save(self, folder: str | Path) -> Path:
         """Write weights (a loadable model folder), optimizer moments and counters, and
-        wait until they are on disk."""
-        self.save_async(folder)
+        wait until they are on disk (a checkpoint of these weights already written or
+        being written to ``folder`` is not written again)."""
+        if self._last_saved != (Path(folder), self.version):
+            self.save_async(folder)
         self.flush()
         return Path(folder)
 
@@ -225,12 +228,17 @@ class GRPOTrainer:
         self._pending = self._writer.submit(
             _write_checkpoint, Path(folder), self.model.config, weights, moments, meta
         )
+        self._last_saved = (Path(folder), self.version)
 
     def flush(self) -> None:
         """Wait for the checkpoint being written, if any (and raise its error)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.result()
+            try:
+                pending.result()
+            except BaseException:
+                self._last_saved = None  # that folder is not on disk
+                raise
 
     def load(self, folder: str | Path) -> None:
         """Restore weights, optimizer moments and the version from ``save``'s folder."""
@@ -273,15 +281,21 @@ def _write_checkpoint(
     from pearl.models.loader import save_state
 
     tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # an earlier write that did not finish
-    save_state(config, weights, tmp)
-    (tmp / "optimizer").mkdir()
-    save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
-    (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # an earlier write that did not finish
+        save_state(config, weights, tmp)
+        (tmp / "optimizer").mkdir()
+        save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
+        (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except Exception as exc:  # disk full, no permission, a file where a folder should be
+        raise CheckpointError(
+            f"checkpoint {folder} (weights v{meta['version']}) could not be written: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class LiveTrainer:

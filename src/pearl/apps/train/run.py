@@ -83,6 +83,7 @@ class TrainRun:
             raise live.stopped("interrupted (Ctrl-C or SIGTERM)", RunStopped) from None
         finally:
             stop.remove()  # a second Ctrl-C during the clean-up interrupts it
+            await live.flush_checkpoint()  # whatever ended the run, a started write lands
             live.close()
 
 
