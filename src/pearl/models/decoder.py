@@ -57,20 +57,7 @@ class Attention(nn.Module):
     def dense(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
         """Causal self-attention over a padded batch ``x [B, L, hidden]`` without a KV cache
         (training); right padding never reaches a real token."""
-        b, length, _ = x.shape
-        n = b * length
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions.repeat(b), q, k)
-        q = q.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+        return self._batched(x, positions.repeat(x.shape[0]), rotary, None)
 
     def tree(
         self,
@@ -82,6 +69,15 @@ class Attention(nn.Module):
         """Self-attention over ``x [B, L, hidden]`` under an explicit mask ``allowed
         [B, L, L]`` (query, key) with each token's own ``positions [B, L]``: the trainer's
         prefix-tree rows (``pearl.live.packing``), where several sequences share a prefix."""
+        return self._batched(x, positions.reshape(-1), rotary, allowed)
+
+    def _batched(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,  # [B * L]
+        rotary: RotaryEmbedding,
+        allowed: torch.Tensor | None,  # [B, L, L], or None for causal
+    ) -> torch.Tensor:
         b, length, _ = x.shape
         n = b * length
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
@@ -89,11 +85,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions.reshape(n), q, k)
+        q, k = rotary(positions, q, k)
         q = q.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        mask = None if allowed is None else allowed.unsqueeze(1)
         out = F.scaled_dot_product_attention(
-            q, k, v.transpose(1, 2), attn_mask=allowed.unsqueeze(1), enable_gqa=True
+            q, k, v.transpose(1, 2), attn_mask=mask, is_causal=allowed is None, enable_gqa=True
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
 
