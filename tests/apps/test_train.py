@@ -521,3 +521,28 @@ def test_zero_steps_only_evaluates_the_model(chat_model, tmp_path, ray_runtime):
     assert out["before"]["tasks"] == 3 and out["after"] == out["before"]
     assert not (tmp_path / "eval" / "checkpoints").exists()
     assert (tmp_path / "eval" / "metrics.jsonl").read_text() == ""
+
+
+def test_a_chat_template_that_cannot_lay_out_the_tools_fails_before_any_actor(chat_model, tmp_path):
+    """The calculator with tools (tool_format=json) on a model whose template reads
+    ``tools`` but does not end in a ChatML assistant header: refused up front."""
+    import shutil
+
+    from pearl.apps.train.config import TrainConfig
+    from pearl.apps.train.run import TrainRun
+
+    folder = tmp_path / "model"
+    shutil.copytree(chat_model, folder)
+    (folder / "chat_template.jinja").write_text(
+        "{{ tools }}{% if add_generation_prompt %}A:{% endif %}"
+    )
+    cfg = TrainConfig.model_validate(
+        {
+            "model": {"name": str(folder)},
+            "env": {"name": "calculator", "options": {"tool_format": "json", "max_turns": 2}},
+        }
+    )
+    with pytest.raises(ConfigError, match="does not end a prompt with a ChatML assistant header"):
+        TrainRun(cfg, log=lambda _: None)
+    cfg.env.options.pop("tool_format")  # the calculator's own tag: no tools to lay out
+    TrainRun(cfg, log=lambda _: None)

@@ -53,6 +53,20 @@ class TrainRun:
         self.folder = resolve_model(cfg.model.name, log=self.log)
         self.model_config = ModelConfig.from_folder(self.folder)
         self.chat = ChatFormat.from_folder(self.folder)
+        self._check_tools_prompt()
+
+    def _check_tools_prompt(self) -> None:
+        """An environment with tools gets its prompts from the model's chat template (where
+        it lays out tools): rendered once now, so that a template that cannot fails here,
+        before any actor starts, instead of at the first rollout."""
+        from pearl.envs.tools import check_tools
+
+        env = self.make_env()
+        tools = getattr(env, "tools", None)
+        if tools:
+            demonstration = tuple(getattr(env, "demonstration", ()))
+            tools = check_tools(tools, "tools")
+            self.chat.prompt(env.system_prompt, "a task", demonstration, tools)
 
     def episodes(self, split: str, first: int, tasks: int, group: int, log: Callable[[dict], None]):
         """``tasks`` x ``group`` episodes of the tasks ``first``.. of ``split``; environment
