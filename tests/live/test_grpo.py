@@ -55,32 +55,40 @@ def test_masked_tokens_get_no_gradient():
     assert torch.all(new.grad[mask == 1] != 0)
 
 
+def tiny_engine(num_kv_blocks: int) -> LLMEngine:
+    return LLMEngine.from_model_config(
+        ModelConfig.from_dict(LLAMA),
+        EngineConfig(block_size=8, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=64),
+        seed=0,
+    )
+
+
+def two_turns(engine, prompt, observation, params, rid):
+    """``prompt``, a sampled turn, ``observation`` (masked out), a second sampled turn:
+    (tokens, loss mask, behaviour logprobs); ``params(turn)`` gives each turn's sampling."""
+    tokens, mask, logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
+    for turn in range(2):
+        out = engine.generate([Request(f"{rid}{turn}", tokens, params(turn))])[f"{rid}{turn}"]
+        tokens += out.token_ids
+        mask += [1] * len(out.token_ids)
+        logprobs += out.logprobs
+        if turn == 0:
+            tokens += observation
+            mask += [0] * len(observation)
+            logprobs += [0.0] * len(observation)
+    return tuple(tokens), tuple(mask), tuple(logprobs)
+
+
 def rollout_samples(n: int = 4, seed: int = 0) -> list[TrainSample]:
     """Two-turn trajectories sampled by the engine at temperature 1 (an observation between
     the turns is masked out), with the engine's logprobs as behaviour logprobs."""
-    engine = LLMEngine.from_model_config(
-        ModelConfig.from_dict(LLAMA),
-        EngineConfig(block_size=8, num_kv_blocks=128, max_num_batched_tokens=64),
-        seed=0,
-    )
+    engine = tiny_engine(128)
     samples = []
     for i in range(n):
         prompt = [1 + (i * 7 + k) % 100 for k in range(9 + i)]
-        tokens, mask, logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
-        for turn in range(2):
-            sp = SamplingParams(temperature=1.0, seed=seed * 100 + i, max_new_tokens=6)
-            out = engine.generate([Request(f"r{i}{turn}", tokens, sp)])[f"r{i}{turn}"]
-            tokens += out.token_ids
-            mask += [1] * len(out.token_ids)
-            logprobs += out.logprobs
-            if turn == 0:
-                observation = [3, 4, 5, 6 + i]
-                tokens += observation
-                mask += [0] * 4
-                logprobs += [0.0] * 4
-        samples.append(
-            TrainSample(tuple(tokens), tuple(mask), tuple(logprobs), float(i % 2), f"g{i // 2}")
-        )
+        sp = SamplingParams(temperature=1.0, seed=seed * 100 + i, max_new_tokens=6)
+        turns = two_turns(engine, prompt, [3, 4, 5, 6 + i], lambda turn, sp=sp: sp, f"r{i}")
+        samples.append(TrainSample(*turns, float(i % 2), f"g{i // 2}"))
     return samples
 
 
@@ -179,33 +187,20 @@ def test_episodes_the_environment_failed_are_not_trained_on():
 def shared_prompt_samples(groups: int = 2, tries: int = 3) -> list[TrainSample]:
     """GRPO groups as they come: each task's ``tries`` trajectories share its prompt, then
     differ (two sampled turns with a masked observation between them)."""
-    engine = LLMEngine.from_model_config(
-        ModelConfig.from_dict(LLAMA),
-        EngineConfig(block_size=8, num_kv_blocks=256, max_num_batched_tokens=64),
-        seed=0,
-    )
+    engine = tiny_engine(256)
     samples = []
     for g in range(groups):
         prompt = [1 + (g * 11 + k) % 100 for k in range(12 + 3 * g)]
         for t in range(tries):
-            tokens, mask, logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
-            for turn in range(2):
-                sp = SamplingParams(
+
+            def params(turn: int, g: int = g, t: int = t) -> SamplingParams:
+                return SamplingParams(
                     temperature=1.0, seed=100 * g + 10 * t + turn, max_new_tokens=5 + t
                 )
-                rid = f"r{g}{t}{turn}"
-                out = engine.generate([Request(rid, tokens, sp)])[rid]
-                tokens += out.token_ids
-                mask += [1] * len(out.token_ids)
-                logprobs += out.logprobs
-                if turn == 0:
-                    tokens += [3, 4, 5]
-                    mask += [0, 0, 0]
-                    logprobs += [0.0, 0.0, 0.0]
+
+            turns = two_turns(engine, prompt, [3, 4, 5], params, f"r{g}{t}")
             reward = float((g + t) % 2) + 0.25 * t
-            samples.append(
-                TrainSample(tuple(tokens), tuple(mask), tuple(logprobs), reward, f"t{g}")
-            )
+            samples.append(TrainSample(*turns, reward, f"t{g}"))
     return samples
 
 
