@@ -1,8 +1,8 @@
-"""The cost model against public H100 measurements: attention, MoE experts, the whole decode step.
+"""The cost model against public H100/H200 measurements: attention, MoE experts, the decode step.
 
     .venv/bin/python benchmarks/costmodel_vs_kernels.py
 
-Four checks, each on the cost model's own pricing code (``CostModel.price`` for attention,
+Five checks, each on the cost model's own pricing code (``CostModel.price`` for attention,
 ``linear_seconds`` with ``expected_experts_touched`` for MoE experts), each with its
 measured source, a fit / held-out split and the predicted / measured time printed:
 
@@ -11,7 +11,8 @@ measured source, a fit / held-out split and the predicted / measured time printe
    512, 2K and 8K; the shipped constant is shown beside it.
 2. Decode attention over a paged KV cache: FlashAttention-3 batch decode at 2,000 and 4,000
    tokens of context (fit the KV-read efficiency on 2,000, check 4,000), and FlashAttention-2
-   paged decode at short contexts (held out: where a latency floor, not bandwidth, rules).
+   paged decode at short contexts (held out: where a latency floor, not bandwidth, rules);
+   2b: GQA decode at 8-32K tokens of context on H200 (cuDNN and FlashInfer), all held out.
 3. A fused MoE layer at 1-1,024 tokens (Mixtral-8x7B's expert shape, bf16, TP2): every row
    held out; the linear-layer constants were fitted to dense GEMMs
    (``benchmarks/costmodel_vs_profiles.py``) and are applied unchanged.
@@ -20,6 +21,10 @@ measured source, a fit / held-out split and the predicted / measured time printe
    checked on SGLang's model-runner steps at batch 1 and 128 and on vLLM serving 10 requests;
    the sampling stage alone (FlashInfer's measurement inside vLLM) is printed beside the
    shipped fixed cost, which is meant to include it.
+
+5. A prefill chunk of 256-2,048 tokens appended to an 8-32K prior context (cuDNN, H200): the
+   attention efficiency is fitted on fresh causal prefills of 4-16K and every appended chunk
+   is held out, priced as the simulated engine prices a chunk (``CostModel.iteration_work``).
 
 Writes ``results/costmodel_vs_kernels.json``. Nothing here changes a shipped constant: a
 miss is reported (benchmarks/README.md says what each one means for the simulator).
@@ -33,12 +38,14 @@ import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pearl.sim.costmodel import CostConstants, CostModel, IterationWork, linear_seconds
 from pearl.sim.hardware import get_gpu
 from pearl.sim.shapes import ModelShape, load_model_shape
 
 H100 = get_gpu("H100")
+H200 = get_gpu("H200")
 
 FA3_CAUSAL_HD128 = {512: 292, 1024: 423, 2048: 521, 4096: 579, 8192: 602, 16384: 616}
 """TFLOP/s, causal forward, head dim 128, 16 heads, batch x seqlen = 16K tokens, H100 SXM5:
@@ -54,6 +61,60 @@ Dao-AILab/flash-attention issue #1572 (2025-04-11)."""
 FA2_DECODE_SHORT = [(64, 128, 64, 8, 28.8e-6), (64, 256, 64, 8, 43.6e-6)]
 """FlashAttention-2 paged decode, H100 SXM, 64 sequences, 64 q / 8 kv heads, head dim 128,
 page 256: microsoft/onnxruntime PR #21414 (nvbench, 2024-08-29)."""
+
+CUDNN_H200_CAUSAL = [  # (q heads, kv heads, seqlen, measured ms): fresh causal prefill, batch 1
+    (64, 8, 4096, 0.458976),
+    (64, 8, 8192, 1.682353),
+    (64, 8, 16384, 6.468787),
+    (32, 4, 4096, 0.252382),
+    (32, 4, 8192, 0.872663),
+    (32, 4, 16384, 3.281486),
+]
+CUDNN_H200_APPEND = [  # (q heads, kv heads, new tokens, total kv, measured ms), batch 1
+    (64, 8, 256, 8192, 0.120127),
+    (64, 8, 512, 8192, 0.230975),
+    (64, 8, 1024, 8192, 0.4383),
+    (64, 8, 2048, 8192, 0.808637),
+    (64, 8, 256, 32768, 0.449022),
+    (64, 8, 512, 32768, 0.876441),
+    (64, 8, 1024, 32768, 1.734025),
+    (64, 8, 2048, 32768, 3.396483),
+    (32, 4, 256, 8192, 0.112896),
+    (32, 4, 512, 8192, 0.118879),
+    (32, 4, 1024, 8192, 0.229886),
+    (32, 4, 2048, 8192, 0.425758),
+    (32, 4, 256, 32768, 0.435263),
+    (32, 4, 512, 32768, 0.44694),
+    (32, 4, 1024, 32768, 0.875421),
+    (32, 4, 2048, 32768, 1.713267),
+    (16, 2, 256, 32768, 0.432511),
+    (16, 2, 512, 32768, 0.436696),
+    (16, 2, 1024, 32768, 0.445777),
+    (16, 2, 2048, 32768, 0.87208),
+]
+"""cuDNN 9.27 SDPA, bf16, head dim 128, causal (bottom-right aligned when the new tokens are
+fewer than the KV length), L2 flushed, median of 20, NVIDIA H200 (H100's compute: 132 SMs,
+989 TFLOP/s dense bf16; 4.8 TB/s): NVIDIA/cudnn-frontend
+benchmark/attention_inference/results/prefill_sweep/h200/prefill_sweep_20260928_142443.csv
+(commit 0af834f0). Head counts are Llama-3.1-70B's per GPU at TP 1 / 2 / 4; 16 q / 2 kv heads
+is Qwen3-30B-A3B's per GPU at TP2 (C7's deployment), 16 / 4 Qwen3-8B's."""
+CUDNN_H200_DECODE = [  # (batch, context, q heads, kv heads, measured seconds), one new token
+    (8, 8192, 64, 8, 0.072e-3),
+    (32, 8192, 64, 8, 0.251519e-3),
+    (8, 32768, 64, 8, 0.250238e-3),
+    (32, 32768, 64, 8, 0.967732e-3),
+    (8, 8192, 16, 2, 0.025216e-3),
+    (32, 8192, 16, 2, 0.072735e-3),
+    (8, 32768, 16, 2, 0.072062e-3),
+    (32, 32768, 16, 2, 0.248601e-3),
+]
+"""cuDNN 9.27 GQA decode, bf16, head dim 128, NVIDIA H200: NVIDIA/cudnn-frontend
+benchmark/attention_inference/results/decode_sweep/h200/decode_sweep_20260928_131747.csv
+(commit b1214d5c)."""
+FLASHINFER_H200_DECODE = [(8, 32768, 32, 8, 0.497505e-3), (32, 4096, 32, 8, 0.256753e-3)]
+"""FlashInfer 0.6.16 batched paged decode (page 256), bf16, head dim 128, NVIDIA H200 (CUPTI
+device time): tile-ai/TileOPs branch nightly-bench, bench_results.xml (commit a4551ab7), the
+FlashInfer baseline rows of its GQA decode benchmark."""
 
 MIXTRAL_MOE_TP2 = {
     1: 144.0,
@@ -108,12 +169,19 @@ MIXTRAL_EXPERTS = {
 }
 
 
-def attention_cost(heads: int, kv_heads: int, constants: CostConstants) -> CostModel:
+def attention_cost(heads: int, kv_heads: int, constants: CostConstants, gpu=H100) -> CostModel:
     """A one-GPU cost model whose attention has ``heads`` query and ``kv_heads`` KV heads of
     128 dims (the linear layers do not enter these checks)."""
     config = dict(MIXTRAL_EXPERTS, num_attention_heads=heads, num_key_value_heads=kv_heads)
     shape = ModelShape.from_hf_config(config, "attention", source="benchmark")
-    return CostModel(H100, shape, tp=1, constants=constants)
+    return CostModel(gpu, shape, tp=1, constants=constants)
+
+
+def chunk_attention_s(cost: CostModel, new_tokens: int, prior: int) -> float:
+    """One layer's attention for one chunk of ``new_tokens`` appended to ``prior`` tokens
+    already in the KV cache, priced as the simulated engine prices a prefill chunk."""
+    work = cost.iteration_work([(new_tokens, prior)], [])
+    return per_layer(cost, cost.price(work).prefill_attention_s)
 
 
 def per_layer(cost: CostModel, seconds: float) -> float:
@@ -257,6 +325,112 @@ def main() -> None:
     )
     out["decode_attention"] = {"fitted_kv_efficiency": fitted_kv, "rows": decode_out}
 
+    # 2b. GQA decode at long context (H200), held out against both KV-read efficiencies
+    print("2b. Decode attention, GQA, 8-32K context, head dim 128 (H200); every row held out")
+    print(
+        "| kernel | batch | context | heads q/kv | measured us | shipped model us | ratio | "
+        "FA3-fitted model us | ratio |"
+    )
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    gqa_out = []
+    for kernel, kernel_rows in (
+        ("cuDNN", CUDNN_H200_DECODE),
+        ("FlashInfer", FLASHINFER_H200_DECODE),
+    ):
+        for b, ctx, hq, hkv, t in kernel_rows:
+            p_ship = decode_attention_s(attention_cost(hq, hkv, shipped, H200), b, ctx)
+            fit_constants = replace(shipped, kv_memory_efficiency=fitted_kv)
+            p_fit = decode_attention_s(attention_cost(hq, hkv, fit_constants, H200), b, ctx)
+            print(
+                f"| {kernel} | {b} | {ctx} | {hq}/{hkv} | {1e6 * t:.1f} | {1e6 * p_ship:.1f} | "
+                f"{p_ship / t:.2f} | {1e6 * p_fit:.1f} | {p_fit / t:.2f} |"
+            )
+            gqa_out.append(
+                {
+                    "kernel": kernel,
+                    "row": [b, ctx, hq, hkv, t],
+                    "shipped_ratio": p_ship / t,
+                    "fitted_ratio": p_fit / t,
+                }
+            )
+    by_kernel = {
+        k: median_range(r["shipped_ratio"] for r in gqa_out if r["kernel"] == k)
+        for k in ("cuDNN", "FlashInfer")
+    }
+    print(
+        f"shipped {shipped.kv_memory_efficiency} predicted / measured, median (range): cuDNN "
+        f"{by_kernel['cuDNN']}, FlashInfer {by_kernel['FlashInfer']}: the kernels differ by "
+        "~2x at these shapes and the shipped constant lies between them\n"
+    )
+    out["decode_attention_gqa_h200"] = gqa_out
+
+    # 5. a prefill chunk appended to a long prior context
+    fit_eff = math.exp(
+        statistics.mean(
+            math.log(
+                prefill_attention_s(
+                    attention_cost(
+                        hq, hkv, replace(shipped, attention_compute_efficiency=1.0), H200
+                    ),
+                    1,
+                    n,
+                )
+                / (ms * 1e-3)
+            )
+            for hq, hkv, n, ms in CUDNN_H200_CAUSAL
+        )
+    )
+    print(
+        "5. A prefill chunk appended to an 8-32K prior context, head dim 128 (H200, cuDNN): "
+        "efficiency fitted on fresh causal prefill (4-16K), chunks held out"
+    )
+    print(
+        "| heads q/kv | new tokens | prior context | measured us | shipped model us | ratio | "
+        "fitted model us | ratio |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for hq, hkv, n, ms in CUDNN_H200_CAUSAL:
+        fitted_cost = attention_cost(
+            hq, hkv, replace(shipped, attention_compute_efficiency=fit_eff), H200
+        )
+        p = prefill_attention_s(fitted_cost, 1, n)
+        print(
+            f"| {hq}/{hkv} | {n} | 0 (fit) | {1e3 * ms:.0f} | - | - | {1e6 * p:.0f} | {p / (ms * 1e-3):.2f} |"
+        )
+    append_out: list[dict[str, Any]] = []
+    for hq, hkv, n, kv, ms in CUDNN_H200_APPEND:
+        t = ms * 1e-3
+        p_ship = chunk_attention_s(attention_cost(hq, hkv, shipped, H200), n, kv - n)
+        fitted_cost = attention_cost(
+            hq, hkv, replace(shipped, attention_compute_efficiency=fit_eff), H200
+        )
+        p_fit = chunk_attention_s(fitted_cost, n, kv - n)
+        print(
+            f"| {hq}/{hkv} | {n} | {kv - n} | {1e6 * t:.0f} | {1e6 * p_ship:.0f} | {p_ship / t:.2f} | "
+            f"{1e6 * p_fit:.0f} | {p_fit / t:.2f} |"
+        )
+        append_out.append(
+            {
+                "heads": [hq, hkv],
+                "new_tokens": n,
+                "prior": kv - n,
+                "measured_s": t,
+                "shipped_ratio": p_ship / t,
+                "fitted_ratio": p_fit / t,
+            }
+        )
+    full = [r for r in append_out if r["heads"][0] * r["new_tokens"] >= 64 * 256 * 2]
+    floor = [r for r in append_out if r not in full]
+    print(
+        f"attention efficiency: shipped {shipped.attention_compute_efficiency}, fitted on fresh "
+        f"prefill {fit_eff:.3f}; held-out chunks predicted / measured, median (range): with >= "
+        f"32K query rows x heads, shipped {median_range(r['shipped_ratio'] for r in full)}, "
+        f"fitted {median_range(r['fitted_ratio'] for r in full)}; fewer (a one-chunk batch "
+        f"that leaves SMs idle), shipped {median_range(r['shipped_ratio'] for r in floor)}, "
+        f"fitted {median_range(r['fitted_ratio'] for r in floor)}"
+    )
+    out["chunk_append"] = {"fitted_efficiency": fit_eff, "rows": append_out}
+
     # 3. MoE
     print("3. Fused MoE layer, Mixtral-8x7B experts, bf16, TP2 (H100); every row held out")
     print("| tokens | experts touched | measured us | model us | ratio |")
@@ -295,8 +469,8 @@ def main() -> None:
     )
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
     step_out = []
-    for split, rows in (("fit", DECODE_STEP_FIT), ("held out", DECODE_STEP_HELD_OUT)):
-        for b, ctx, t, what in rows:
+    for split, step_rows in (("fit", DECODE_STEP_FIT), ("held out", DECODE_STEP_HELD_OUT)):
+        for b, ctx, t, what in step_rows:
             p_ship, p_fit = step_s(shipped, b, ctx), step_s(fitted, b, ctx)
             print(
                 f"| {b} | {ctx} | {split} | {what} | {1e3 * t:.2f} | {1e3 * p_ship:.2f} | "

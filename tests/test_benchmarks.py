@@ -118,6 +118,17 @@ def test_kernel_checks_fit_on_their_fit_rows_and_report_every_held_out_row(tmp_p
     # the fitted efficiency is the geometric mean of the fit rows' measured efficiencies
     assert 0.4 < prefill["fitted_efficiency"] < 0.7
     assert set(res["moe"]["ratio_by_tokens"]) == {str(t) for t in bench.MIXTRAL_MOE_TP2}
+    # a chunk appended to a long context is priced as its causal pairs: the new tokens' rows
+    # over the prior context plus their own triangle, at the fitted efficiency
+    chunks = res["chunk_append"]["rows"]
+    assert len(chunks) == len(bench.CUDNN_H200_APPEND)
+    cost = bench.attention_cost(64, 8, bench.CostConstants(attention_compute_efficiency=1.0))
+    pairs = 512 * 7680 + 512 * 513 // 2
+    flops = pairs * 4 * 64 * 128
+    assert bench.chunk_attention_s(cost, 512, 7680) == pytest.approx(flops / cost.gpu.peak_flops)
+    full = [r["fitted_ratio"] for r in chunks if r["heads"][0] * r["new_tokens"] >= 32768]
+    assert 0.8 < min(full) and max(full) < 1.2  # the measured result this check reports
+    assert len(res["decode_attention_gqa_h200"]) == 10
     # one expert shape at one token reads 2 of 8 experts: the weights of two experts
     one = bench.moe_layer_s(1, 2, bench.CostConstants())
     assert 1e-4 < one < 2e-4
