@@ -35,8 +35,8 @@ from pathlib import Path
 
 from pearl.apps import fidelity as fid
 from pearl.control.call_timer import TIMED, TimedWorker
+from pearl.live.cluster import ensure_ray
 from pearl.live.server import ModelSpec
-from pearl.live.worker import ensure_ray
 
 
 def stats(values: list[float]) -> dict[str, float]:

@@ -37,8 +37,8 @@ from pearl.apps import fidelity as fid
 from pearl.control.deployment import Deployment
 from pearl.engine.config import EngineConfig
 from pearl.engine.iteration_timing import Sample, get_grid
+from pearl.live.cluster import ensure_ray
 from pearl.live.server import ModelSpec
-from pearl.live.worker import ensure_ray
 from pearl.models.catalog import resolve_model
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig

@@ -1,6 +1,9 @@
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests import ray before PEARL starts its private runtime; Ray reads this at import, and it
+# keeps that runtime (and the test clusters of tests/live/test_cluster.py) on loopback.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest  # noqa: E402
 from tiny_model import tiny_model  # noqa: E402

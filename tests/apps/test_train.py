@@ -48,7 +48,7 @@ def test_chat_format_builds_turns_from_token_ids(chat_model):
 @pytest.fixture
 def ray_runtime():
     ray = pytest.importorskip("ray")
-    from pearl.live.worker import ensure_ray
+    from pearl.live.cluster import ensure_ray
 
     ensure_ray(num_cpus=4)  # logical slots: up to 4 actors (workers, trainer, borrowed slot)
     yield ray
@@ -302,10 +302,10 @@ def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
 
 
 def start_training_until_checkpoint(
-    chat_model, tmp_path, name: str, steps: int, version: int
+    chat_model, tmp_path, name: str, steps: int, version: int, *extra: str
 ) -> subprocess.Popen:
-    """``pearl train`` on the tiny model in a subprocess, returned once checkpoint
-    ``v<version>`` is on disk (a checkpoint every step)."""
+    """``pearl train`` on the tiny model in a subprocess (``extra`` overrides), returned once
+    checkpoint ``v<version>`` is on disk (a checkpoint every step)."""
     pearl = str(Path(sys.executable).parent / "pearl")
     run = [
         pearl,
@@ -319,6 +319,7 @@ def start_training_until_checkpoint(
         "run.checkpoint_every=1",
         f"run.run_dir={tmp_path}",
         f"run.run_name={name}",
+        *extra,
     ]
     proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     saved = tmp_path / name / "checkpoints" / f"v{version}" / "optimizer" / "trainer.json"
@@ -342,19 +343,24 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+@pytest.mark.parametrize("processes", [1, 2], ids=["one-trainer", "two-trainer-processes"])
 def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkpoint(
-    chat_model, tmp_path
+    chat_model, tmp_path, processes
 ):
-    """The trainer's process is killed mid-run (SIGKILL): `pearl train` stops with one line
-    saying how to continue, the folder is marked incomplete, and that command finishes the
-    run from the last checkpoint."""
+    """A trainer process is killed mid-run (SIGKILL; with two, one of them, leaving the other
+    waiting in a collective): `pearl train` stops with one line saying how to
+    continue, the folder is marked incomplete, and that command finishes the run from the
+    last checkpoint (with as many trainer processes)."""
     from procfs import process_tree, processes_named
 
     pearl = str(Path(sys.executable).parent / "pearl")
-    proc = start_training_until_checkpoint(chat_model, tmp_path, "k", steps=40, version=2)
+    proc = start_training_until_checkpoint(
+        chat_model, tmp_path, "k", 40, 2, f"trainer.processes={processes}"
+    )
     try:
-        (trainer,) = processes_named("ray::GRPOTrainer", process_tree(proc.pid))
-        os.kill(trainer, signal.SIGKILL)
+        trainers = processes_named("ray::GRPOTrainer", process_tree(proc.pid))
+        assert len(trainers) == processes
+        os.kill(max(trainers), signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
     finally:
         stop_process(proc)

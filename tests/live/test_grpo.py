@@ -299,3 +299,63 @@ def test_a_failed_background_write_raises_at_the_next_save(tmp_path):
         trainer.flush()
     trainer.save(tmp_path / "v0")  # the trainer stays usable
     assert (tmp_path / "v0" / "optimizer" / "trainer.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def three_slots():
+    ray = pytest.importorskip("ray")
+    from pearl.live.cluster import ensure_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ensure_ray(num_cpus=3)
+    yield ray
+    ray.shutdown()
+
+
+def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path):
+    """FSDP2 over two Ray actors (gloo): each process trains on its share of the groups
+    (three groups: one process gets two, the other pads with a zero-weight pass); the loss,
+    the statistics and the updated weights equal one process's, step after step; a
+    checkpoint the two write resumes in one process, and one process's resumes in two."""
+    import asyncio
+
+    from pearl.live.trainer import LiveTrainer
+
+    samples = shared_prompt_samples(groups=3, tries=3)
+    batches = [TrainBatch(i, len(samples), 0, 0, samples=tuple(samples)) for i in range(2)]
+    config = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=64)
+    one = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    expected = [one.train_step(b) for b in batches]
+
+    async def sharded(resume=None, steps=batches, save=None):
+        trainer = LiveTrainer(ModelSpec(config=LLAMA, seed=0), config, processes=2)
+        try:
+            await trainer.start(resume)
+            stats = [(await trainer.train_step(b)).stats for b in steps]
+            version, weights = await trainer.weights_ref
+            if save:
+                await trainer.save(str(save))
+            return stats, version, weights
+        finally:
+            trainer.kill()
+
+    stats, version, weights = asyncio.run(sharded(save=tmp_path / "two"))
+    assert version == one.version == 2
+    for got, want in zip(stats, expected, strict=True):
+        for key in ("loss", "grad_norm", "trained_tokens", "clip_fraction", "mean_ratio"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    for name, param in one.model.named_parameters():
+        torch.testing.assert_close(torch.from_numpy(weights[name]), param.detach(), msg=name)
+
+    # the two processes' checkpoint in one process: the same weights and next step
+    resumed = GRPOTrainer(ModelSpec(config=LLAMA, seed=1), config)
+    resumed.load(tmp_path / "two")
+    nxt = TrainBatch(2, len(samples), 0, 0, samples=tuple(samples))
+    assert resumed.train_step(nxt)["loss"] == pytest.approx(one.train_step(nxt)["loss"], abs=1e-6)
+    # one process's checkpoint in two
+    one.save(tmp_path / "one")
+    last = TrainBatch(3, len(samples), 0, 0, samples=tuple(samples))
+    stats, version, _ = asyncio.run(sharded(resume=str(tmp_path / "one"), steps=[last]))
+    assert version == 4
+    assert stats[0]["loss"] == pytest.approx(one.train_step(last)["loss"], rel=1e-5, abs=1e-7)

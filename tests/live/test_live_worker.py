@@ -124,7 +124,7 @@ def test_engine_server_logs_iteration_shapes_the_cost_model_can_price():
 @pytest.fixture(scope="module")
 def ray_runtime():
     ray = pytest.importorskip("ray")
-    from pearl.live.worker import ensure_ray
+    from pearl.live.cluster import ensure_ray
 
     ensure_ray(num_cpus=2)
     yield ray

@@ -57,7 +57,7 @@ def _is_loopback(ip) -> bool:
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_no_ray_process_listens_outside_loopback():
     ray = pytest.importorskip("ray")
-    from pearl.live.worker import ensure_ray
+    from pearl.live.cluster import ensure_ray
 
     if ray.is_initialized():
         ray.shutdown()

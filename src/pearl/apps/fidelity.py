@@ -652,8 +652,8 @@ def compare(
     workload on its deployment), so the fit samples the machine's load at the times the
     cases ran; the fits are made once every live run is done, then each case is simulated.
     """
+    from pearl.live.cluster import ensure_ray
     from pearl.live.server import ModelSpec
-    from pearl.live.worker import ensure_ray
 
     _check_compare_args(cases, calibration, live_repeats)
     ensure_ray(2)

@@ -82,6 +82,10 @@ class World(Protocol):
     ) -> RolloutWorker:
         """A worker for ``slot`` in ``role`` (a started process, or a simulated one)."""
 
+    async def started(self, worker: RolloutWorker) -> None:
+        """Return once ``worker`` runs; raise ``EngineStateError`` if it cannot start (its
+        process died, or found no place), so the expansion that wanted it fails cleanly."""
+
     async def stop_worker(self, worker: RolloutWorker) -> None: ...
 
     def make_trainer(self, plane: ControlPlane) -> Trainer: ...
@@ -105,7 +109,9 @@ class _Factory:
     async def start(self, slot: WorkerSlot, role: WorkerRole) -> RolloutWorker:
         await asyncio.sleep(self.prepare_s)
         self.started += 1
-        return self.plane.make_worker(slot, role)
+        worker = self.plane.make_worker(slot, role)
+        await self.plane.world.started(worker)
+        return worker
 
     async def stop(self, slot_id, worker) -> None:
         await self.plane.world.stop_worker(worker)

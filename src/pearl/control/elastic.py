@@ -28,6 +28,9 @@ from pearl.control.state import SlotId, Topology, WorkerStatus
 from pearl.control.toggle import IntraScaleToggleManager
 from pearl.control.tracker import RuntimeTracker
 
+RESTART_ATTEMPTS = 3  # starts of a failed slot's replacement before giving the slot up
+RESTART_BACKOFF_S = 5.0  # between them (a lost machine takes Ray seconds to declare)
+
 
 @dataclass(slots=True)
 class ElasticEvent:
@@ -222,18 +225,19 @@ class ElasticScheduler:
             self.log({"kind": "expansion_failed", "workers": sorted(roles)})
         return ok
 
-    async def on_worker_failed(self, slot_id: SlotId) -> None:
+    async def on_worker_failed(self, slot_id: SlotId) -> bool:
         """A worker's process died: mark its slot failed; if it was serving, take it out
         now (as an urgent shrink: its cut turns resume on the survivors). A dedicated slot
         still in the budget gets a fresh worker in the background (admitted as any
         expansion); an overlap slot gets a fresh retained process for the next borrowing
-        round."""
+        round. False if the slot was not in service (already out, reported twice, or still
+        joining: its start fails and is retried)."""
         async with self._lock:
             overlap = self.toggle is not None and slot_id in self.toggle.overlap
             if self.table.snapshot().slot(slot_id).status is WorkerStatus.FAILED or not (
                 overlap or slot_id in self.rebuilder.workers
             ):
-                return  # already out (stopped by a shrink, or reported twice)
+                return False  # already out (stopped by a shrink, or reported twice)
             self.failures += 1
             if slot_id in self.rebuilder.workers:  # serving: out now, its turns resume
                 survivors = set(self.rebuilder.workers) - {slot_id}
@@ -248,13 +252,32 @@ class ElasticScheduler:
                 assert self.toggle is not None
                 self.log({"kind": "restart", "slot": slot_id, "role": "overlap"})
                 self._replacements.add(self.toggle.replace_failed(slot_id))
-                return
-            budget = self.budget_gpus // self.gpus_per_worker
-            if slot_id in set(self.reserved) | set(self.preemptible[:budget]):
-                guess = self._roles_for(set(self.rebuilder.workers) | {slot_id})
-                self.log({"kind": "restart", "slot": slot_id, "role": str(guess[slot_id])})
-                task = asyncio.ensure_future(self._expand({slot_id: guess[slot_id]}))
+                return True
+            if self._in_budget(slot_id):
+                task = asyncio.ensure_future(self._restart(slot_id))
                 self._expansions[task] = frozenset({slot_id})
+            return True
+
+    def _in_budget(self, slot_id: SlotId) -> bool:
+        budget = self.budget_gpus // self.gpus_per_worker
+        return slot_id in set(self.reserved) | set(self.preemptible[:budget])
+
+    async def _restart(self, slot_id: SlotId) -> bool:
+        """A fresh worker for a failed dedicated slot, admitted as any expansion. A start
+        that fails too (its process died again, or found no place: a lost machine's slots
+        are restarted wherever the cluster has room) is retried ``RESTART_ATTEMPTS`` times,
+        ``RESTART_BACKOFF_S`` apart, while the slot is still in the budget and out."""
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            if attempt > 1:
+                await self.clock.sleep(RESTART_BACKOFF_S)
+                if not self._in_budget(slot_id) or slot_id in self.rebuilder.workers:
+                    return False
+            guess = self._roles_for(set(self.rebuilder.workers) | {slot_id})
+            event = {"kind": "restart", "slot": slot_id, "role": str(guess[slot_id])}
+            self.log(event | ({"attempt": attempt} if attempt > 1 else {}))
+            if await self._expand({slot_id: guess[slot_id]}):
+                return True
+        return False
 
     async def replay(self, changes: list[tuple[float, int]], until: float | None = None) -> None:
         """Feed ``(time, preemptible GPUs)`` changes at their times (relative to now)."""

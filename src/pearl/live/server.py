@@ -144,6 +144,12 @@ class EngineServer:
     async def ping(self) -> str:
         return self.worker_id
 
+    async def where(self) -> dict:
+        """The node this actor runs on (inside a Ray actor only)."""
+        from pearl.live.cluster import actor_location
+
+        return actor_location()
+
     async def log_iterations(self, enabled: bool = True) -> list:
         """Start (or stop) logging iteration shapes and seconds; returns the log so far."""
         log, self._iteration_log = self._iteration_log or [], [] if enabled else None

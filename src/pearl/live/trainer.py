@@ -14,6 +14,7 @@ Checkpoints hold no pickle: weights and optimizer moments in safetensors, counte
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -28,6 +29,7 @@ from pearl.control.episode import ENV_FAILURES
 from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
 from pearl.errors import CheckpointError
 from pearl.live import packing
+from pearl.live.cluster import Placement, actor_location
 from pearl.live.grpo import clipped_token_loss, group_advantages
 from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
@@ -58,8 +60,25 @@ class TrainerConfig:
             raise ValueError(f"trainer config: invalid {', '.join(bad)} in {self}")
 
 
+COLLECTIVE_TIMEOUT_S = 120
+"""How long a trainer process waits in a collective for the others (one that died)."""
+
+
 class DeviceLentError(RuntimeError):
     """The trainer was asked to step while its device is lent to rollout."""
+
+
+class _Scorer(torch.nn.Module):
+    """The scored tokens' logits of a packed batch in one module call, so that FSDP
+    gathers the model's own parameters (embeddings, final norm, lm head) around it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        hidden = self.model.forward_tree(batch.ids, batch.positions, batch.allowed)
+        return self.model.compute_logits(hidden[batch.rows, batch.cols])
 
 
 class GRPOTrainer:
@@ -78,6 +97,7 @@ class GRPOTrainer:
         else:
             raise ValueError("ModelSpec needs a folder or a config")
         self.model.train()
+        self.scorer = _Scorer(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.learning_rate,
@@ -86,9 +106,95 @@ class GRPOTrainer:
         )
         self.version = 0
         self.lent = False
+        self.rank, self.world = 0, 1  # one of ``world`` processes (init_distributed)
         self._writer: Any = None  # the checkpoint writer thread, started at the first save
         self._pending: Any = None  # the checkpoint being written (a Future)
         self._last_saved: tuple[Path, int] | None = None  # (folder, version) last snapshotted
+
+    # -- several processes (FSDP2) ------------------------------------------------------
+    @staticmethod
+    def rendezvous_address() -> str:
+        """Called on rank 0's process: host:port where the process group meets (this
+        node's address, a port free now)."""
+        import socket
+
+        from pearl.live.cluster import actor_location
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{actor_location()['node_ip']}:{port}"
+
+    def init_distributed(self, rank: int, world: int, address: str) -> None:
+        """Join a ``world``-process group (gloo; rank 0 listens at ``address``) and shard
+        the model and the optimizer over it (FSDP2: each decoder layer, then the rest).
+        Optimizer state already loaded (a resumed checkpoint) is sharded the same way."""
+        import datetime
+
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        from torch.distributed.tensor import distribute_tensor
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{address}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        self.rank, self.world = rank, world
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        state = {names[id(p)]: st for p, st in self.optimizer.state.items()}
+        for layer in self.model.model.layers:
+            fully_shard(layer)
+            register_fsdp_forward_method(layer, "tree")  # the prefix-tree pass calls it
+        fully_shard(self.scorer)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.learning_rate,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        for name, param in self.model.named_parameters():
+            if name in state:
+                st = state[name]
+                self.optimizer.state[param] = {
+                    "step": st["step"],
+                    "exp_avg": distribute_tensor(
+                        st["exp_avg"], param.device_mesh, param.placements
+                    ),
+                    "exp_avg_sq": distribute_tensor(
+                        st["exp_avg_sq"], param.device_mesh, param.placements
+                    ),
+                }
+
+    def _full(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole tensor (gathered from every process when sharded: a collective)."""
+        full = getattr(tensor, "full_tensor", None)
+        return full() if full is not None else tensor
+
+    def _my_share(
+        self, samples: list[TrainSample], useful: list[int]
+    ) -> list[tuple[PackedBatch, float]]:
+        """This process's micro-batches with their loss weight: whole groups dealt out
+        round-robin over the processes, padded with zero-weight repeats to the most any
+        process has (each process runs as many forward and backward passes, so FSDP's
+        collectives pair up)."""
+        if self.world == 1:
+            return [(part, 1.0) for part in self._micro_batches(samples, useful)]
+        groups = sorted({samples[i].group for i in useful})
+        shares = [
+            self._micro_batches(
+                samples, [i for i in useful if groups.index(samples[i].group) % self.world == r]
+            )
+            for r in range(self.world)
+        ]
+        mine = [(part, 1.0) for part in shares[self.rank]]
+        longest = max(len(share) for share in shares)
+        if len(mine) < longest:
+            filler = next(share[0] for share in shares if share)
+            mine += [(filler, 0.0)] * (longest - len(mine))
+        return mine
 
     # -- scoring ------------------------------------------------------------------------
     def _micro_batches(self, samples: list[TrainSample], indices: list[int]) -> list[PackedBatch]:
@@ -100,8 +206,7 @@ class GRPOTrainer:
 
     def _token_logprobs(self, batch: PackedBatch) -> torch.Tensor:
         """The current weights' log-probability of each scored token of ``batch`` [N]."""
-        hidden = self.model.forward_tree(batch.ids, batch.positions, batch.allowed)
-        logits = self.model.compute_logits(hidden[batch.rows, batch.cols]) / self.config.temperature
+        logits = self.scorer(batch) / self.config.temperature
         return torch.log_softmax(logits, dim=-1).gather(1, batch.targets.unsqueeze(1)).squeeze(1)
 
     @torch.no_grad()
@@ -136,8 +241,8 @@ class GRPOTrainer:
         useful = [i for i, a in enumerate(advantages) if a != 0.0]
         per_sample = torch.tensor(advantages, dtype=torch.float32)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = tokens = clipped = ratio_sum = 0.0
-        for part in self._micro_batches(samples, useful):
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, tokens, clipped, ratio sum
+        for part, weight in self._my_share(samples, useful):
             logprobs = self._token_logprobs(part).unsqueeze(1)  # [N, 1]: one token per row
             ones = torch.ones_like(logprobs)
             loss, stats = clipped_token_loss(
@@ -148,16 +253,27 @@ class GRPOTrainer:
                 self.config.clip_eps,
                 total,
             )
-            loss.backward()
-            loss_sum += float(loss.detach())
-            tokens += stats["tokens"]
-            clipped += stats["clipped"]
-            ratio_sum += stats["ratio_sum"]
+            # Each process's loss is its share of the batch's token sum over the whole
+            # batch's token count; FSDP averages the processes' gradients (gloo has no
+            # pre-scaled sum), so scaling by their number makes the average the sum.
+            scale = weight * self.world
+            (loss * scale if scale != 1.0 else loss).backward()
+            if weight:
+                sums += torch.tensor(
+                    [float(loss.detach()), stats["tokens"], stats["clipped"], stats["ratio_sum"]],
+                    dtype=torch.float64,
+                )
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(sums)  # the whole batch's numbers, on every process
+        loss_sum, tokens, clipped, ratio_sum = sums.tolist()
         grad_norm = 0.0
         if useful:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.config.max_grad_norm
             )
+            grad_norm = float(self._full(norm))
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
@@ -182,9 +298,14 @@ class GRPOTrainer:
     # -- weights, devices, checkpoints ----------------------------------------------------
     def weights(self) -> tuple[int, dict[str, np.ndarray]]:
         """(version, weights as numpy arrays) for the rollout workers."""
-        return self.version, {
-            n: p.detach().numpy().copy() for n, p in self.model.named_parameters()
-        }
+        weights = {n: self._full(p.detach()) for n, p in self.model.named_parameters()}
+        if self.rank:
+            return self.version, {}  # rank 0 publishes; the others took part in gathering
+        return self.version, {n: w.numpy().copy() for n, w in weights.items()}
+
+    def where(self) -> dict[str, Any]:
+        """The node this actor runs on (inside a Ray actor only)."""
+        return actor_location()
 
     def release_device(self) -> None:
         self.lent = True
@@ -209,7 +330,7 @@ class GRPOTrainer:
         failed write raises at the next ``save``, ``save_async`` or ``flush``."""
         self.flush()
         names = {id(p): n for n, p in self.model.named_parameters()}
-        weights = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        weights = {n: self._full(p.detach()).clone() for n, p in self.model.named_parameters()}
         moments: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for group in self.optimizer.param_groups:
@@ -217,9 +338,12 @@ class GRPOTrainer:
                 state = self.optimizer.state.get(p)
                 if state:
                     name = names[id(p)]
-                    moments[f"{name}:exp_avg"] = state["exp_avg"].clone()
-                    moments[f"{name}:exp_avg_sq"] = state["exp_avg_sq"].clone()
+                    moments[f"{name}:exp_avg"] = self._full(state["exp_avg"]).clone()
+                    moments[f"{name}:exp_avg_sq"] = self._full(state["exp_avg_sq"]).clone()
                     steps[name] = float(state["step"])
+        if self.rank:  # it took part in gathering; rank 0 writes
+            self._last_saved = (Path(folder), self.version)
+            return
         meta = {"version": self.version, "steps": steps, "config": asdict(self.config)}
         if self._writer is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -246,6 +370,8 @@ class GRPOTrainer:
 
         from pearl.models.loader import load_state_dict, read_safetensors_folder
 
+        if self.world > 1:
+            raise RuntimeError("load a checkpoint before init_distributed shards the model")
         folder = Path(folder)
         try:
             meta = json.loads((folder / "optimizer" / "trainer.json").read_text())
@@ -299,14 +425,27 @@ def _write_checkpoint(
 
 
 class LiveTrainer:
-    """The control plane's handle on a ``GRPOTrainer`` actor; keeps the newest weights in
-    Ray's object store for the rollout workers (``weights_ref``)."""
+    """The control plane's handle on the trainer: one ``GRPOTrainer`` actor, or
+    ``processes`` of them sharing each step (FSDP2 over gloo; rank 0 publishes the weights
+    and writes checkpoints). Keeps the newest weights in Ray's object store for the rollout
+    workers (``weights_ref``)."""
 
-    def __init__(self, model: ModelSpec, config: TrainerConfig, torch_threads: int = 1):
+    def __init__(
+        self,
+        model: ModelSpec,
+        config: TrainerConfig,
+        torch_threads: int = 1,
+        placement: Placement | None = None,
+        processes: int = 1,
+    ):
         import ray
 
-        cls = ray.remote(num_cpus=1)(GRPOTrainer)
-        self.actor = cls.remote(model, config, torch_threads)
+        options = (placement or Placement()).trainer_options()
+        cls = ray.remote(GRPOTrainer).options(**options)
+        self.actors = [cls.remote(model, config, torch_threads) for _ in range(processes)]
+        self.actor = self.actors[0]
+        self.location: dict[str, Any] | None = None  # rank 0's node, once started
+        self.locations: list[dict[str, Any]] = []  # every process's
         self._version = 0
         self.weights_ref = None  # ObjectRef of (version, weights) of ``_version``
         self.history: list[dict[str, float]] = []
@@ -315,19 +454,32 @@ class LiveTrainer:
     def weight_version(self) -> int:
         return self._version
 
+    async def _all(self, method: str, *args) -> list[Any]:
+        """``method`` on every process (a collective when sharded); their answers."""
+        return await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors))
+
     async def start(self, resume: str | None = None) -> None:
+        self.locations = await self._all("where")
+        self.location = self.locations[0]
         if resume is not None:
-            await self.actor.load.remote(resume)
+            await self._all("load", resume)
+        if len(self.actors) > 1:
+            address = await self.actor.rendezvous_address.remote()
+            world = len(self.actors)
+            await asyncio.gather(
+                *(a.init_distributed.remote(r, world, address) for r, a in enumerate(self.actors))
+            )
         self._version, _ = await self._publish()
 
     async def _publish(self) -> tuple[int, Any]:
-        self.weights_ref = self.actor.weights.remote()
-        version, _ = await self.weights_ref
+        refs = [a.weights.remote() for a in self.actors]
+        self.weights_ref = refs[0]
+        (version, _), *_ = await asyncio.gather(*refs)
         return version, self.weights_ref
 
     async def train_step(self, batch: TrainBatch) -> TrainMetrics:
         started = time.time()
-        stats = await self.actor.train_step.remote(batch)
+        stats = (await self._all("train_step", batch))[0]
         self._version, _ = await self._publish()
         self.history.append(stats)
         return TrainMetrics(
@@ -335,18 +487,21 @@ class LiveTrainer:
         )
 
     async def release_device(self) -> None:
-        await self.actor.release_device.remote()
+        await self._all("release_device")
 
     async def restore_device(self) -> None:
-        await self.actor.restore_device.remote()
+        await self._all("restore_device")
 
     async def save(self, folder: str, background: bool = False) -> None:
         """Write a checkpoint; ``background``: return once it is snapshotted, while the
         trainer writes it (``flush`` waits for it)."""
-        if background:
-            await self.actor.save_async.remote(folder)
-        else:
-            await self.actor.save.remote(folder)
+        await self._all("save_async" if background else "save", folder)
 
     async def flush(self) -> None:
-        await self.actor.flush.remote()
+        await self._all("flush")
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)

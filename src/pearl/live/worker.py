@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from typing import Any
 
@@ -13,37 +12,10 @@ from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
 from pearl.engine.config import EngineConfig
 from pearl.engine.sequence import Role
 from pearl.errors import EngineStateError, KVTransferError
+from pearl.live.cluster import Placement
 from pearl.live.server import EngineServer, ModelSpec
 
 _ACTOR_CLASS = None
-
-
-# Ray (2.60) treats 127.0.0.1 as "this node's reachable address" and binds its servers to
-# every interface unless clusters are switched off, which makes the node's address the
-# loopback one and its servers listen there only. Read when ray is first imported.
-LOOPBACK_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def ensure_ray(num_cpus: int | None = None) -> None:
-    """Start a local, single-machine Ray runtime if none is running: no dashboard, every
-    server bound to loopback (nothing listens on the machine's other addresses)."""
-    for key, value in LOOPBACK_ONLY_ENV.items():
-        os.environ.setdefault(key, value)  # Ray's own processes read it at start
-    import ray
-    from ray._private import ray_constants
-
-    if not ray.is_initialized():
-        # This process may have imported ray before the variable was set.
-        ray_constants.ENABLE_RAY_CLUSTER = os.environ[
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-        ].lower() not in ("0", "false")
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            logging_level="ERROR",
-            log_to_driver=False,
-            _node_ip_address="127.0.0.1",
-        )
 
 
 def _actor_class():
@@ -51,7 +23,7 @@ def _actor_class():
     if _ACTOR_CLASS is None:
         import ray
 
-        _ACTOR_CLASS = ray.remote(num_cpus=1)(EngineServer)
+        _ACTOR_CLASS = ray.remote(EngineServer)
     return _ACTOR_CLASS
 
 
@@ -64,6 +36,7 @@ class LiveWorker:
         model: ModelSpec,
         engine_config: EngineConfig,
         role: WorkerRole = WorkerRole.COLOCATED,
+        placement: Placement | None = None,
     ):
         self.worker_id = worker_id
         self._role = role
@@ -77,7 +50,10 @@ class LiveWorker:
         # (version, weights) in Ray's object store (set by the training run).
         self.weights_source = None
         config = dataclasses.replace(engine_config, role=Role(role.value))
-        self.actor = _actor_class().options(name=None).remote(worker_id, model, config)
+        options = (placement or Placement()).worker_options()
+        self.actor = _actor_class().options(**options).remote(worker_id, model, config)
+        self.location: dict[str, Any] | None = None  # its node, once ready() has answered
+        self._ready: asyncio.Future | None = None
 
     @property
     def role(self) -> WorkerRole:
@@ -91,14 +67,37 @@ class LiveWorker:
         try:
             return await getattr(self.actor, method).remote(*args)
         except RayActorError as exc:
-            if not self.stopped and self.on_failure is not None and self._failure is None:
+            if not self.stopped and self.on_failure is not None and not self._failure_handled():
                 self._failure = self.on_failure()
             raise EngineStateError(
                 f"worker {self.worker_id} is stopped ({type(exc).__name__})"
             ) from None
 
-    async def ready(self) -> None:
-        await self._call("ping")
+    def _failure_handled(self) -> bool:
+        """The death was reported and is being (or was) handled. A report answered False
+        (the worker was not in service yet: it died while joining, and was admitted before
+        anyone noticed) is made again, now that it serves."""
+        failure = self._failure
+        if failure is None:
+            return False
+        if not failure.done() or failure.cancelled() or failure.exception() is not None:
+            return True
+        return failure.result() is not False
+
+    async def ready(self, timeout_s: float | None = None) -> None:
+        """Wait until the actor runs (placed on a node, engine loaded); note where it runs.
+        ``EngineStateError`` if it died first, or (then stopped) if Ray found it no place
+        within ``timeout_s``."""
+        if self._ready is None:
+            self._ready = asyncio.ensure_future(self._call("where"))
+        try:
+            self.location = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        except TimeoutError:
+            self.kill()
+            raise EngineStateError(
+                f"worker {self.worker_id} did not start within {timeout_s:g} s: no node has a "
+                "free CPU slot with the resources it asks for (cluster.worker_resources)"
+            ) from None
 
     async def _run_turn(self, turn: TurnRequest) -> TurnOutput:
         """A turn; if the actor is stopped before it answers (a shrink stopped it while the

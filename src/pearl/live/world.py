@@ -12,6 +12,7 @@ is refitted from live measurements as in the simulator.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from pearl.control.composition import WorldLatencies
 from pearl.control.driver import ForwardingListener
@@ -20,6 +21,8 @@ from pearl.control.makespan import WorkloadParams
 from pearl.control.state import WorkerSlot
 from pearl.control.tracker import IterationObservation
 from pearl.engine.config import EngineConfig
+from pearl.errors import EngineStateError
+from pearl.live.cluster import Placement
 from pearl.live.server import EngineServer, ModelSpec
 from pearl.live.trainer import LiveTrainer
 from pearl.live.worker import LiveKVMover, LiveWorker
@@ -63,20 +66,45 @@ class LiveWorld:
         trainer: LiveTrainer,
         prior: WorkloadParams,
         latencies: WorldLatencies | None = None,
+        placement: Placement | None = None,
+        on_placed: Callable[[dict], None] | None = None,
+        start_timeout_s: float = 600.0,
     ) -> None:
         self.model = model
         self.engine = engine
         self.trainer = trainer
         self.prior = prior
         self.latencies = latencies or WorldLatencies()
+        self.placement = placement
+        self.on_placed = on_placed  # gets a "placed" event once each worker runs somewhere
+        self.start_timeout_s = start_timeout_s  # a new worker Ray cannot place by then fails
         self.workers: dict[str, LiveWorker] = {}
+        self._placing: set[asyncio.Future] = set()
 
     def make_worker(self, worker_id: str, slot: WorkerSlot, role: WorkerRole, plane) -> LiveWorker:
-        worker = LiveWorker(worker_id, self.model, self.engine, role)
+        worker = LiveWorker(worker_id, self.model, self.engine, role, self.placement)
         worker.weights_source = lambda: self.trainer.weights_ref
         worker.on_failure = lambda: plane.worker_failed(slot.slot_id)
         self.workers[worker_id] = worker
+        if self.on_placed is not None:
+            task = asyncio.ensure_future(self._report_placement(worker, slot.slot_id))
+            self._placing.add(task)
+            task.add_done_callback(self._placing.discard)
         return worker
+
+    async def _report_placement(self, worker: LiveWorker, slot_id) -> None:
+        try:
+            await worker.ready()
+        except EngineStateError:
+            return  # it died before it ran: the failure is reported as such
+        assert self.on_placed is not None and worker.location is not None
+        self.on_placed(
+            {"kind": "placed", "actor": "rollout", "worker": worker.worker_id, "slot": slot_id}
+            | worker.location
+        )
+
+    async def started(self, worker: LiveWorker) -> None:
+        await worker.ready(self.start_timeout_s)
 
     async def stop_worker(self, worker: LiveWorker) -> None:
         worker.kill()

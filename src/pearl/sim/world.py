@@ -172,6 +172,9 @@ class SimWorld:
             wid, self.cost, self.engine, role=role, vocab_size=vocab, on_iteration=on_iteration
         )
 
+    async def started(self, worker: SimulatedWorker) -> None:
+        """A simulated worker runs once made (its start took the factory's prepare time)."""
+
     async def stop_worker(self, worker: SimulatedWorker) -> None:
         worker.close()
 

@@ -60,7 +60,14 @@ class TrainTrainerSection(_Section):
         1024, ge=16, le=1_000_000, description="padded tokens per backward pass (memory)"
     )
     threads: int = Field(
-        2, ge=1, le=64, description="torch threads of the trainer (it is the bottleneck here)"
+        2, ge=1, le=64, description="torch threads of each trainer process (the bottleneck here)"
+    )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="trainer processes sharing each step (FSDP2 over gloo, each on its share "
+        "of the groups; the weights equal one process's)",
     )
 
 
@@ -105,6 +112,25 @@ class TrainClusterSection(_Section):
         default_factory=list,
         description="elastic policies: (seconds from the start, preemptible workers) changes",
     )
+    ray_address: str | None = Field(
+        None,
+        description="join a running Ray cluster: 'auto' (the one `ray start` joined on this "
+        "machine) or the head's host:port; null: a private single-machine runtime on "
+        "loopback (docs/cluster.md)",
+    )
+    worker_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray resources each rollout worker needs besides its CPU slot, e.g. "
+        "{rollout: 1} to run workers only on nodes started with --resources='{\"rollout\": N}'",
+    )
+    trainer_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray resources the trainer needs besides its CPU slot (empty: the trainer "
+        "runs on this machine's node, where the run folder and its checkpoints are)",
+    )
+    spread_workers: bool = Field(
+        False, description="spread rollout workers over the nodes (Ray's SPREAD strategy)"
+    )
 
     @field_validator("policy")
     @classmethod
@@ -112,6 +138,34 @@ class TrainClusterSection(_Section):
         from pearl.control.policies import get_policy
 
         get_policy(value)  # raises with the valid names
+        return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        if value is None or value == "auto":
+            return value
+        if value.startswith("ray://"):
+            raise ValueError(
+                f"{value!r} is a Ray Client address, which pearl train does not use: run it on "
+                "a node of the cluster with 'auto', or give the head's host:port (GCS port)"
+            )
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379)")
+        return value
+
+    @field_validator("worker_resources", "trainer_resources")
+    @classmethod
+    def _resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name == "CPU" or not name:
+                raise ValueError(
+                    f"resource {name!r}: each actor takes one CPU slot already; name another "
+                    "resource (a custom one the nodes declare, or GPU)"
+                )
+            if not (amount > 0 and math.isfinite(amount)):
+                raise ValueError(f"resource {name!r}: amount {amount} is not a positive number")
         return value
 
     @field_validator("availability")

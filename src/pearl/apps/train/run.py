@@ -105,14 +105,12 @@ class _LiveRun:
     """One ``pearl train`` run's actors, control plane and run folder."""
 
     def __init__(self, run: TrainRun, resume: str | None) -> None:
-        import ray
-
         from pearl.control.driver import Availability, ClusterSize, RunDriver
         from pearl.control.policies import Borrowing, Pool, get_policy
         from pearl.engine.config import EngineConfig
+        from pearl.live.cluster import Placement, ensure_ray
         from pearl.live.server import ModelSpec
         from pearl.live.trainer import LiveTrainer, TrainerConfig
-        from pearl.live.worker import ensure_ray
         from pearl.live.world import LiveWorld, cpu_prior
         from pearl.report.run_folder import RunFolder, default_run_name
 
@@ -121,11 +119,18 @@ class _LiveRun:
         policy = self.policy = get_policy(cfg.cluster.policy)
         preemptible = cfg.cluster.preemptible_workers if policy.pool is Pool.ELASTIC else 0
         borrows = policy.borrowing is not Borrowing.OFF
-        actors = cfg.rollout.workers + preemptible + 1 + (1 if borrows else 0)
-        ensure_ray(actors)
+        trainers = cfg.trainer.processes
+        actors = cfg.rollout.workers + preemptible + trainers + (1 if borrows else 0)
+        ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
+        import ray
+
+        placement = Placement(
+            cfg.cluster.worker_resources, cfg.cluster.trainer_resources, cfg.cluster.spread_workers
+        )
+        self.nodes: dict[str, dict[str, Any]] = {}  # node id -> its address and actors
         if ray.cluster_resources().get("CPU", 0) < actors:
             raise ConfigError(
-                f"this run needs {actors} Ray CPU slots (rollout workers, trainer, borrowed "
+                f"this run needs {actors} Ray CPU slots (rollout workers, trainer processes, borrowed "
                 f"slot); the running Ray instance has {ray.cluster_resources().get('CPU', 0)}"
             )
         name = cfg.run.run_name or default_run_name("train-")
@@ -150,6 +155,8 @@ class _LiveRun:
                 temperature=cfg.rollout.temperature,
             ),
             t.threads,
+            placement,
+            trainers,
         )
         engine = EngineConfig(
             block_size=16,
@@ -159,7 +166,9 @@ class _LiveRun:
         )
         batch_size = cfg.rollout.tasks_per_step * cfg.rollout.group_size
         prior = cpu_prior(run.model_config, batch_size, cfg.rollout.max_context_tokens)
-        self.world = LiveWorld(spec, engine, self.trainer, prior)
+        self.world = LiveWorld(
+            spec, engine, self.trainer, prior, placement=placement, on_placed=self.placed
+        )
         self.started = time.monotonic()
         # One TP-1 "GPU" per process: rollout workers first, then the trainer's slot.
         cluster = ClusterSize(1, cfg.rollout.workers, preemptible, 1)
@@ -177,10 +186,19 @@ class _LiveRun:
     def log_event(self, event: dict) -> None:
         self.folder.event({**event, "t": round(time.monotonic() - self.started, 3)})
 
+    def placed(self, event: dict) -> None:
+        """An actor runs on a node: the event, and the run's node table."""
+        self.log_event(event)
+        node = self.nodes.setdefault(event["node_id"], {"ip": event["node_ip"], "actors": []})
+        rank = f"-{event['rank']}" if event.get("rank") else ""  # trainer processes past 0
+        node["actors"].append(event.get("worker", event["actor"] + rank))
+
     async def start(self) -> None:
         """The trainer (from a checkpoint on resume), then the initial rollout workers with
         the trainer's weights; iteration logging on."""
         await self.trainer.start(self.resume)
+        for rank, location in enumerate(self.trainer.locations):
+            self.placed({"kind": "placed", "actor": "trainer", "rank": rank} | location)
         self.first_step = self.trainer.weight_version
         await self.driver.start()
         await asyncio.gather(*(w.ready() for w in self.world.workers.values()))
@@ -298,6 +316,7 @@ class _LiveRun:
             "weight_version": self.trainer.weight_version,
             "policy": self.policy.name,
             "counters": self.driver.counters(),
+            "nodes": self.nodes,
         }
         self.folder.summary(summary)
         write_train_report(self.folder.path, self.rows, before, after, summary)
@@ -339,13 +358,12 @@ class _LiveRun:
         )
 
     def close(self) -> None:
-        import ray
 
         self.folder.close()
         for board in self.boards:
             board.close()
         self.world.kill_all()
-        ray.kill(self.trainer.actor)
+        self.trainer.kill()
 
 
 class _StepRecorder:
