@@ -132,3 +132,54 @@ def test_kernel_checks_fit_on_their_fit_rows_and_report_every_held_out_row(tmp_p
     # one expert shape at one token reads 2 of 8 experts: the weights of two experts
     one = bench.moe_layer_s(1, 2, bench.CostConstants())
     assert 1e-4 < one < 2e-4
+
+
+def test_trainer_processes_reports_one_and_two_processes_agreeing(tmp_path, monkeypatch):
+    import json
+
+    import ray
+    from tiny_model import tiny_chat_model
+
+    if ray.is_initialized():
+        ray.shutdown()
+    model = tiny_chat_model(tmp_path / "model")
+    bench = load("trainer_processes")
+    out = tmp_path / "t.json"
+    argv = ["trainer_processes.py", "--model", str(model), "--steps", "2", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    trainers = json.loads(out.read_text())["trainers"]
+    assert set(trainers) == {
+        "1 process, 2 threads",
+        "1 process, 1 thread",
+        "2 processes, 1 thread each",
+    }
+    for row in trainers.values():
+        assert len(row["step_s"]) == 2 and row["max_weight_diff"] < 1e-5
+
+
+def test_node_loss_runs_and_audits_every_step(tmp_path, monkeypatch):
+    import json
+
+    import ray
+    from tiny_model import tiny_chat_model
+
+    if ray.is_initialized():
+        ray.shutdown()
+    model = tiny_chat_model(tmp_path / "model")
+    bench = load("node_loss")
+    out = tmp_path / "n.json"
+    overrides = [
+        f"model.name={model}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=4",
+        "run.eval_tasks=0",
+    ]
+    monkeypatch.setattr("sys.argv", ["node_loss.py", "--runs", "1", "--out", str(out), *overrides])
+    bench.main()
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["steps"] == 4 and run["lost"] == 0 == run["duplicated"]
+    # (the last step may finish on the survivor before the lost worker is asked anything)
+    assert 1 <= run["lose_at"] <= 3 and run["failures"] <= 1

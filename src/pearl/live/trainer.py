@@ -447,7 +447,7 @@ class LiveTrainer:
         self.location: dict[str, Any] | None = None  # rank 0's node, once started
         self.locations: list[dict[str, Any]] = []  # every process's
         self._version = 0
-        self.weights_ref = None  # ObjectRef of (version, weights) of ``_version``
+        self.weights_ref: Any = None  # ObjectRef of (version, weights) of ``_version``
         self.history: list[dict[str, float]] = []
 
     @property
