@@ -183,3 +183,22 @@ def test_node_loss_runs_and_audits_every_step(tmp_path, monkeypatch):
     assert run["steps"] == 4 and run["lost"] == 0 == run["duplicated"]
     # (the last step may finish on the survivor before the lost worker is asked anything)
     assert 1 <= run["lose_at"] <= 3 and run["failures"] <= 1
+
+
+def test_gpu_check_compares_the_engine_with_transformers_on_any_device(tmp_path, monkeypatch):
+    """scripts/gpu_check.py, the first GPU session's engine check, run here on the CPU."""
+    import json
+
+    from tiny_model import tiny_chat_model
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = tiny_chat_model(tmp_path / "model")
+    out = tmp_path / "engine.json"
+    argv = ["gpu_check.py", "--device", "cpu", "--model", str(model), "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    module.main()
+    rows = json.loads(out.read_text())
+    assert [r["dtype"] for r in rows] == ["float32", "bfloat16"] and all(r["ok"] for r in rows)
+    assert rows[0]["max_logit_diff"] < 1e-4 and rows[0]["greedy_tokens_equal"] == 16

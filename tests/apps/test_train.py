@@ -256,6 +256,42 @@ def test_train_config_errors_name_the_key():
         load_train_config(None, ["trainer.lr=1"])
     with pytest.raises(ConfigError, match="cluster.policy.*roll"):
         load_train_config(None, ["cluster.policy=fastest"])
+    with pytest.raises(ConfigError, match="rollout.device"):
+        load_train_config(None, ["rollout.device=gpu"])
+    with pytest.raises(ConfigError, match="trainer.dtype"):
+        load_train_config(None, ["trainer.dtype=float16"])
+    with pytest.raises(ConfigError, match=r"cluster.trainer_resources=\{GPU: 1\}"):
+        load_train_config(None, ["trainer.device=cuda"])
+
+
+def test_a_bfloat16_run_trains_with_bfloat16_engines_and_a_mixed_precision_trainer(
+    chat_model, tmp_path, ray_runtime
+):
+    """``rollout.dtype=bfloat16 trainer.dtype=bfloat16`` on this CPU: the engines hold
+    bfloat16 weights (the trainer's float32 weights converted as they land), the trainer
+    steps in mixed precision, and the run folder records both settings."""
+    import yaml
+
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    overrides = [
+        f"model.name={chat_model}",
+        "rollout.dtype=bfloat16",
+        "trainer.dtype=bfloat16",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=2",
+        "run.eval_tasks=2",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=bf16",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["complete"] and out["weight_version"] == 2
+    recorded = yaml.safe_load((tmp_path / "bf16" / "config.yaml").read_text())
+    assert recorded["rollout"]["dtype"] == "bfloat16" == recorded["trainer"]["dtype"]
+    assert recorded["rollout"]["device"] == "cpu" == recorded["trainer"]["device"]
 
 
 def test_shipped_train_config_validates():

@@ -445,3 +445,37 @@ def test_weights_landing_mid_rollout_flush_the_cache_only_when_configured(tiny_c
     eng.load_weights(state, 1, in_flight=True)
     assert eng.weight_version == 1
     assert eng.session_length("s") == (0 if flush else len(prompt) + 3)
+
+
+def test_a_bfloat16_engine_keeps_weights_and_kv_in_bfloat16_and_moves_kv_between_its_kind(
+    tiny_config,
+):
+    """``dtype=bfloat16``: weights and KV cache in bfloat16, logits in float32 and close to
+    the float32 engine's; KV moves between bfloat16 engines (carried as float32 arrays) and
+    is refused by a float32 engine, naming both dtypes."""
+    prompt = prompts(1, [11])[0]
+    sp = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+    full = make_engine(tiny_config)
+    half = make_engine(tiny_config, dtype="bfloat16")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    assert half.runner.kv_cache.dtype == torch.bfloat16
+    _, lp_full, logits_full = coloc_turn(full, "a", "s", prompt, sp)
+    _, lp_half, logits_half = coloc_turn(half, "a", "s", prompt, sp)
+    assert logits_half[0].dtype == torch.float32
+    scale = float(logits_full[0].abs().max())
+    assert float((logits_half[0] - logits_full[0]).abs().max()) < 0.05 * scale + 0.05
+    # PD between two bfloat16 engines: the chunk says bfloat16, its arrays are float32
+    P = make_engine(tiny_config, role=Role.PREFILL, dtype="bfloat16")
+    D = make_engine(tiny_config, role=Role.DECODE, dtype="bfloat16")
+    P.add_request(Request("p", prompt, dataclasses.replace(sp, max_new_tokens=1), session_id="x"))
+    run_collecting_logits(P, "p")
+    chunk = P.export_kv("x", 0, len(prompt))
+    assert chunk.dtype == "bfloat16" and chunk.keys.dtype == np.float32
+    assert D.import_kv(chunk) == len(prompt)
+    with pytest.raises(KVTransferError, match="bfloat16.*stores float32"):
+        make_engine(tiny_config, role=Role.DECODE).import_kv(chunk)
+    with pytest.raises(ValueError, match="not one of float32, bfloat16"):
+        make_engine(tiny_config, dtype="float16")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda.is_available"):
+            make_engine(tiny_config, device="cuda")

@@ -359,3 +359,22 @@ def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path)
     stats, version, _ = asyncio.run(sharded(resume=str(tmp_path / "one"), steps=[last]))
     assert version == 4
     assert stats[0]["loss"] == pytest.approx(one.train_step(last)["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_a_bfloat16_trainer_computes_in_bfloat16_and_keeps_float32_weights():
+    """Mixed precision: the forward and backward in bfloat16 (autocast), the weights and
+    AdamW's state in float32; the step's loss close to the float32 step's."""
+    samples = shared_prompt_samples(groups=2, tries=3)
+    batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
+    full = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3))
+    half = GRPOTrainer(
+        ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3, dtype="bfloat16")
+    )
+    a, b = full.train_step(batch), half.train_step(batch)
+    assert b["loss"] == pytest.approx(a["loss"], rel=0.05, abs=1e-3)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=0.05)
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}
+    for state in half.optimizer.state.values():
+        assert state["exp_avg"].dtype == torch.float32
+    with pytest.raises(ValueError, match="dtype"):
+        TrainerConfig(dtype="float16")

@@ -25,7 +25,8 @@ class EngineConfig:
     chunked_prefill_size: int = 8192  # sglang mode
     max_prefill_tokens: int = 16384  # sglang mode
     model_id: str | None = None  # default: derived from the model config
-    device: str = "cpu"
+    device: str = "cpu"  # cpu, cuda or cuda:N (torch's names)
+    dtype: str = "float32"  # weights and KV cache: float32 or bfloat16 (logits stay float32)
     seed: int = 0
     # Drop pinned sessions and the prefix cache when new weights land with turns in flight
     # (SGLang's update_weights flush_cache=True): continuing sessions re-prefill.

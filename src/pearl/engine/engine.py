@@ -22,6 +22,7 @@ from pearl.engine.sequence import Request, RequestOutput, Role, Sequence
 from pearl.errors import EngineStateError, KVTransferError, RequestError
 from pearl.models.config import ModelConfig
 from pearl.models.decoder import DecoderForCausalLM
+from pearl.models.devices import torch_device, torch_dtype
 from pearl.models.loader import build_model, load_model, load_state_dict
 
 
@@ -86,7 +87,8 @@ class LLMEngine:
         # KV is exchanged only between engines of the same model: the same config and the
         # same initial weights (a folder name alone would match different checkpoints).
         self.model_id = config.model_id or f"{model.config.model_type}-{model_fingerprint(model)}"
-        self.device = torch.device(config.device)
+        self.device = torch_device(config.device)
+        self.dtype = torch_dtype(config.dtype)
         self.clock = clock
         self.weight_version = weight_version
         # Called after every non-empty iteration with its schedule and its seconds
@@ -104,7 +106,11 @@ class LLMEngine:
             self.blocks,
         )
         self.runner = ModelRunner(
-            model.to(self.device), config.num_kv_blocks, config.block_size, self.device, config.seed
+            model.to(self.device, self.dtype),
+            config.num_kv_blocks,
+            config.block_size,
+            self.device,
+            config.seed,
         )
         self._host_weights: dict[str, torch.Tensor] | None = None
         self._asleep = False
@@ -240,7 +246,7 @@ class LLMEngine:
         kv = self.runner.read_kv(seq, start, end)
         return KVChunk(
             model_id=self.model_id,
-            dtype="float32",
+            dtype=self.config.dtype,  # the arrays carry it as float32 (numpy has no bfloat16)
             block_size=self.config.block_size,
             weight_version=self.weight_version,
             session_id=session_id,
@@ -248,8 +254,8 @@ class LLMEngine:
             end=end,
             token_ids=tuple(seq.token_ids[start:end]),
             prefix_digest=token_digest(seq.token_ids[:start]),
-            keys=kv[:, 0].numpy(),
-            values=kv[:, 1].numpy(),
+            keys=kv[:, 0].float().cpu().numpy(),
+            values=kv[:, 1].float().cpu().numpy(),
         )
 
     def import_kv(self, chunk: KVChunk) -> int:
@@ -266,9 +272,10 @@ class LLMEngine:
             raise KVTransferError(
                 f"KV chunk of session {sid!r} is for model {chunk.model_id!r}, this engine serves {self.model_id!r}"
             )
-        if chunk.dtype != "float32" or chunk.keys.dtype.name != "float32":
+        if chunk.dtype != self.config.dtype or chunk.keys.dtype.name != "float32":
             raise KVTransferError(
-                f"KV chunk of session {sid!r} has dtype {chunk.dtype!r}/{chunk.keys.dtype}, this engine stores float32"
+                f"KV chunk of session {sid!r} has dtype {chunk.dtype!r}/{chunk.keys.dtype}, this "
+                f"engine stores {self.config.dtype} (carried as float32 arrays)"
             )
         if chunk.weight_version != self.weight_version:
             raise KVTransferError(

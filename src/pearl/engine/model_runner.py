@@ -53,7 +53,8 @@ class ModelRunner:
             self.block_size,
             cfg.head_dim,
         )
-        self.kv_cache = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        dtype = next(self.model.parameters()).dtype  # the KV cache stores the model's dtype
+        self.kv_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.kv_caches = [
             (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)
         ]

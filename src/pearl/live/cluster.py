@@ -42,8 +42,12 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> None:
             "variable before Python starts (or start PEARL before importing ray), or join a "
             "running cluster with cluster.ray_address"
         )
-    ray.init(
-        num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False
+    ray.init(  # "local": always a new runtime, never a cluster this machine runs already
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
     )
 
 

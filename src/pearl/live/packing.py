@@ -35,6 +35,18 @@ class PackedBatch:
     sample: torch.Tensor  # [N]   and the index of its trajectory in ``samples``
     offsets: torch.Tensor  # [N] the token's index in its trajectory
 
+    def to(self, device: torch.device) -> PackedBatch:
+        """The tensors the forward pass and the loss use, on ``device`` (``sample`` and
+        ``offsets`` index host-side lists and stay where they are)."""
+        if device.type == "cpu":
+            return self
+        moved = (self.ids, self.positions, self.allowed, self.rows, self.cols, self.targets)
+        ids, positions, allowed, rows, cols, targets = (t.to(device) for t in moved)
+        behaviour = self.behaviour.to(device)
+        return PackedBatch(
+            ids, positions, allowed, rows, cols, targets, behaviour, self.sample, self.offsets
+        )
+
 
 def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
     """Length of the prefix all ``sequences`` share, leaving each at least one token."""

@@ -33,6 +33,7 @@ from pearl.live.cluster import Placement, actor_location
 from pearl.live.grpo import clipped_token_loss, group_advantages
 from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
+from pearl.models.devices import DTYPES, torch_device, torch_dtype
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +46,10 @@ class TrainerConfig:
     micro_batch_tokens: int = 2048
     temperature: float = 1.0
     """The sampling temperature the behaviour log-probabilities were computed at."""
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "float32"
+    """float32, or bfloat16 for the forward and backward passes (mixed precision: the
+    weights, the optimizer and the gradients' reduction stay float32)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -54,6 +59,8 @@ class TrainerConfig:
             "micro_batch_tokens": self.micro_batch_tokens >= 16,
             "temperature": self.temperature > 0,
             "weight_decay": self.weight_decay >= 0,
+            "dtype": self.dtype in DTYPES,
+            "device": self.device == "cpu" or self.device.split(":")[0] == "cuda",
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -90,12 +97,15 @@ class GRPOTrainer:
 
         torch.set_num_threads(torch_threads)
         self.config = config or TrainerConfig()
+        self.device = torch_device(self.config.device)
+        self.compute_dtype = torch_dtype(self.config.dtype)
         if model.folder is not None:
             self.model = load_model(model.folder)
         elif model.config is not None:
             self.model = build_model(ModelConfig.from_dict(model.config), seed=model.seed)
         else:
             raise ValueError("ModelSpec needs a folder or a config")
+        self.model.to(self.device)  # float32 master weights on any device
         self.model.train()
         self.scorer = _Scorer(self.model)
         self.optimizer = torch.optim.AdamW(
@@ -132,11 +142,19 @@ class GRPOTrainer:
         import datetime
 
         import torch.distributed as dist
-        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import (
+            MixedPrecisionPolicy,
+            fully_shard,
+            register_fsdp_forward_method,
+        )
         from torch.distributed.tensor import distribute_tensor
 
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.device)
         dist.init_process_group(
-            "gloo",
+            "nccl" if cuda else "gloo",
             init_method=f"tcp://{address}",
             rank=rank,
             world_size=world,
@@ -145,10 +163,12 @@ class GRPOTrainer:
         self.rank, self.world = rank, world
         names = {id(p): n for n, p in self.model.named_parameters()}
         state = {names[id(p)]: st for p, st in self.optimizer.state.items()}
+        mesh = init_device_mesh(self.device.type, (world,))
+        policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
         for layer in self.model.model.layers:
-            fully_shard(layer)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
             register_fsdp_forward_method(layer, "tree")  # the prefix-tree pass calls it
-        fully_shard(self.scorer)
+        fully_shard(self.scorer, mesh=mesh, mp_policy=policy)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.learning_rate,
@@ -206,7 +226,13 @@ class GRPOTrainer:
 
     def _token_logprobs(self, batch: PackedBatch) -> torch.Tensor:
         """The current weights' log-probability of each scored token of ``batch`` [N]."""
-        logits = self.scorer(batch) / self.config.temperature
+        batch = batch.to(self.device)
+        if self.compute_dtype is torch.float32 or self.world > 1:  # FSDP2 casts by itself
+            logits = self.scorer(batch)
+        else:
+            with torch.autocast(self.device.type, dtype=self.compute_dtype):
+                logits = self.scorer(batch)
+        logits = logits.float() / self.config.temperature
         return torch.log_softmax(logits, dim=-1).gather(1, batch.targets.unsqueeze(1)).squeeze(1)
 
     @torch.no_grad()
@@ -247,8 +273,8 @@ class GRPOTrainer:
             ones = torch.ones_like(logprobs)
             loss, stats = clipped_token_loss(
                 logprobs,
-                part.behaviour.unsqueeze(1),
-                per_sample[part.sample],
+                part.behaviour.to(self.device).unsqueeze(1),
+                per_sample[part.sample].to(self.device),
                 ones,
                 self.config.clip_eps,
                 total,
@@ -266,7 +292,9 @@ class GRPOTrainer:
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(sums)  # the whole batch's numbers, on every process
+            on_device = sums.to(self.device)  # nccl reduces device tensors only
+            dist.all_reduce(on_device)  # the whole batch's numbers, on every process
+            sums = on_device.cpu()
         loss_sum, tokens, clipped, ratio_sum = sums.tolist()
         grad_norm = 0.0
         if useful:
@@ -301,7 +329,7 @@ class GRPOTrainer:
         weights = {n: self._full(p.detach()) for n, p in self.model.named_parameters()}
         if self.rank:
             return self.version, {}  # rank 0 publishes; the others took part in gathering
-        return self.version, {n: w.numpy().copy() for n, w in weights.items()}
+        return self.version, {n: w.cpu().numpy().copy() for n, w in weights.items()}
 
     def where(self) -> dict[str, Any]:
         """The node this actor runs on (inside a Ray actor only)."""
@@ -330,7 +358,9 @@ class GRPOTrainer:
         failed write raises at the next ``save``, ``save_async`` or ``flush``."""
         self.flush()
         names = {id(p): n for n, p in self.model.named_parameters()}
-        weights = {n: self._full(p.detach()).clone() for n, p in self.model.named_parameters()}
+        weights = {
+            n: self._full(p.detach()).cpu().clone() for n, p in self.model.named_parameters()
+        }
         moments: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for group in self.optimizer.param_groups:
@@ -338,8 +368,8 @@ class GRPOTrainer:
                 state = self.optimizer.state.get(p)
                 if state:
                     name = names[id(p)]
-                    moments[f"{name}:exp_avg"] = self._full(state["exp_avg"]).clone()
-                    moments[f"{name}:exp_avg_sq"] = self._full(state["exp_avg_sq"]).clone()
+                    moments[f"{name}:exp_avg"] = self._full(state["exp_avg"]).cpu().clone()
+                    moments[f"{name}:exp_avg_sq"] = self._full(state["exp_avg_sq"]).cpu().clone()
                     steps[name] = float(state["step"])
         if self.rank:  # it took part in gathering; rank 0 writes
             self._last_saved = (Path(folder), self.version)
@@ -385,8 +415,8 @@ class GRPOTrainer:
                 raise CheckpointError(f"{folder}: optimizer state for unknown tensor {name!r}")
             self.optimizer.state[named[name]] = {
                 "step": torch.tensor(step),
-                "exp_avg": moments[f"{name}:exp_avg"],
-                "exp_avg_sq": moments[f"{name}:exp_avg_sq"],
+                "exp_avg": moments[f"{name}:exp_avg"].to(self.device),
+                "exp_avg_sq": moments[f"{name}:exp_avg_sq"].to(self.device),
             }
         self.version = int(meta["version"])
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pearl.config import _Section, load_config, plain_run_name
 
@@ -50,6 +50,15 @@ class TrainRolloutSection(_Section):
         512, ge=16, le=1_000_000, description="KV blocks of 16 tokens per worker"
     )
     max_num_seqs: int = Field(64, ge=1, le=1024)
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="where each rollout engine runs: cpu, cuda or cuda:N (cuda needs "
+        "cluster.worker_resources with GPU, so Ray gives the worker one)",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="the engines' weights and KV cache (logits stay float32)"
+    )
 
 
 class TrainTrainerSection(_Section):
@@ -61,6 +70,17 @@ class TrainTrainerSection(_Section):
     )
     threads: int = Field(
         2, ge=1, le=64, description="torch threads of each trainer process (the bottleneck here)"
+    )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="where each trainer process runs: cpu, cuda or cuda:N (cuda needs "
+        "cluster.trainer_resources with GPU)",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="the forward and backward passes (bfloat16: mixed precision, float32 "
+        "weights, optimizer and gradient reduction)",
     )
     processes: int = Field(
         1,
@@ -196,6 +216,21 @@ class TrainConfig(_Section):
     trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
     run: TrainRunSection = Field(default_factory=TrainRunSection)
     logger: TrainLoggerSection = Field(default_factory=TrainLoggerSection)
+
+    @model_validator(mode="after")
+    def _gpus_are_asked_for(self) -> TrainConfig:
+        """Ray hides the GPUs from an actor that does not ask for one: a cuda device needs
+        the GPU resource in that actor's resources."""
+        for device, resources, where in (
+            (self.rollout.device, self.cluster.worker_resources, "worker_resources"),
+            (self.trainer.device, self.cluster.trainer_resources, "trainer_resources"),
+        ):
+            if device != "cpu" and resources.get("GPU", 0) <= 0:
+                raise ValueError(
+                    f"device {device} needs a GPU from Ray: set cluster.{where}={{GPU: 1}} "
+                    "(or a fraction, to share one GPU between actors)"
+                )
+        return self
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

@@ -153,6 +153,8 @@ class _LiveRun:
                 max_grad_norm=t.max_grad_norm,
                 micro_batch_tokens=t.micro_batch_tokens,
                 temperature=cfg.rollout.temperature,
+                device=t.device,
+                dtype=t.dtype,
             ),
             t.threads,
             placement,
@@ -163,6 +165,8 @@ class _LiveRun:
             num_kv_blocks=cfg.rollout.kv_blocks,
             max_num_seqs=cfg.rollout.max_num_seqs,
             max_model_len=cfg.rollout.max_context_tokens,
+            device=cfg.rollout.device,
+            dtype=cfg.rollout.dtype,
         )
         batch_size = cfg.rollout.tasks_per_step * cfg.rollout.group_size
         prior = cpu_prior(run.model_config, batch_size, cfg.rollout.max_context_tokens)

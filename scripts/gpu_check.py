@@ -1,0 +1,101 @@
+"""The engine on a GPU against transformers on the same GPU: logits and a greedy continuation,
+in float32 and in bfloat16, and the engine's decode rate. Run by scripts/gpu_check.sh;
+``--device cpu`` runs the same checks here (the test suite does, on a tiny model).
+
+    python scripts/gpu_check.py --device cuda --model smollm2-135m --out gpu_check/engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from pearl.engine.config import EngineConfig
+from pearl.engine.engine import LLMEngine
+from pearl.engine.sequence import Request, SamplingParams
+from pearl.models.catalog import resolve_model
+from pearl.models.devices import torch_device, torch_dtype
+
+TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}  # max |logit difference| against transformers
+
+
+def check(model: str, device: str, dtype: str, prompt_len: int = 48) -> dict:
+    import transformers
+
+    dev, dt = torch_device(device), torch_dtype(dtype)
+    folder = resolve_model(model)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dt).to(dev).eval()
+    vocab = theirs.config.vocab_size
+    ids = [(7 * i + 3) % vocab for i in range(prompt_len)]
+    engine = LLMEngine.from_folder(folder, EngineConfig(device=device, dtype=dtype))
+    engine.runner.keep_logits = True
+    sp = SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True)
+    engine.add_request(Request("r", ids, sp))
+    first = None
+    out = None
+    while out is None:
+        for o in engine.step():
+            out = o
+        if first is None and engine.runner.last_logits is not None:
+            first = engine.runner.last_logits[0].float().cpu()
+    with torch.no_grad():
+        x = torch.tensor([ids], device=dev)
+        expected = theirs(x).logits[0, -1].float().cpu()
+        reference = theirs.generate(x, max_new_tokens=16, do_sample=False)[0, len(ids) :].tolist()
+    assert first is not None
+    diff = float((first - expected).abs().max())
+    agree = next(
+        (i for i, (a, b) in enumerate(zip(out.token_ids, reference, strict=False)) if a != b), 16
+    )
+    # decode rate: 32 sequences of 64 new tokens
+    batch = [
+        Request(
+            f"b{i}",
+            ids[: 16 + i],
+            SamplingParams(temperature=1.0, seed=i, max_new_tokens=64, ignore_eos=True),
+        )
+        for i in range(32)
+    ]
+    t0 = time.perf_counter()
+    engine.generate(batch)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return {
+        "device": device,
+        "dtype": dtype,
+        "max_logit_diff": diff,
+        "tolerance": TOLERANCE[dtype],
+        "greedy_tokens_equal": agree,
+        "decode_tokens_per_s": 32 * 64 / seconds,
+        "ok": diff <= TOLERANCE[dtype] and (dtype != "float32" or agree == 16),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--out", default="gpu_check/engine.json")
+    args = parser.parse_args()
+    rows = [check(args.model, args.device, dtype) for dtype in args.dtypes]
+    for r in rows:
+        print(
+            f"engine {r['device']} {r['dtype']}: max |logit diff| {r['max_logit_diff']:.2e} "
+            f"(<= {r['tolerance']}), greedy tokens equal {r['greedy_tokens_equal']}/16, "
+            f"decode {r['decode_tokens_per_s']:.0f} tok/s: {'ok' if r['ok'] else 'FAILED'}"
+        )
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=2) + "\n")
+    if not all(r["ok"] for r in rows):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
