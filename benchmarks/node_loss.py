@@ -9,7 +9,9 @@ slots for the trainer, two rollout nodes with 2 slots and a ``rollout`` resource
 nodes), and once a random number of steps is trained removes the node of a random rollout
 worker without notice. Reports per run the step of the loss, the failures and where the
 replacement ran, and the trajectories lost or duplicated (every step must train on exactly
-tasks x group trajectories); writes ``results/node_loss.json``.
+tasks x group trajectories); writes ``results/node_loss.json`` (with each run's failure,
+restart and placement events) and keeps the run folders, without checkpoints, in
+``results/node_loss/``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import argparse
 import json
 import os
 import random
-import tempfile
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -121,26 +123,34 @@ def main() -> None:
         "| run | node lost after step | steps | failures | replacements | lost | duplicated | s |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    with tempfile.TemporaryDirectory(prefix="pearl-node-loss-") as scratch:
-        for i in range(args.runs):
-            lose_at = rng.randint(1, max(1, cfg.run.steps - 1))
-            cluster, nodes = three_nodes()
-            t0 = time.monotonic()
-            try:
-                folder = Path(scratch) / f"run{i}"
-                out = run_losing_a_node(cluster, nodes, folder, args.overrides, lose_at, rng)
-                row = {"run": i, "lose_at": lose_at, "seconds": time.monotonic() - t0}
-                row |= audit(folder, per_step, out["lost"].get("node_id"))
-                row["after_steps"] = out["lost"].get("after_steps")
-            finally:
-                ray.shutdown()
-                cluster.shutdown()
-            results.append(row)
-            print(
-                f"| {i} | {row['after_steps']} | {row['steps']} | {row['failures']} | "
-                f"{row['replacements']} | {row['lost']} | {row['duplicated']} | "
-                f"{row['seconds']:.0f} |"
-            )
+    runs_dir = Path(args.out).with_suffix("")  # each run's folder, checkpoints removed
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    for i in range(args.runs):
+        lose_at = rng.randint(1, max(1, cfg.run.steps - 1))
+        cluster, nodes = three_nodes()
+        t0 = time.monotonic()
+        try:
+            folder = runs_dir / f"run{i}"
+            out = run_losing_a_node(cluster, nodes, folder, args.overrides, lose_at, rng)
+            row: dict[str, Any] = {"run": i, "lose_at": lose_at, "seconds": time.monotonic() - t0}
+            row |= audit(folder, per_step, out["lost"].get("node_id"))
+            row["after_steps"] = out["lost"].get("after_steps")
+            kinds = ("failure", "restart", "expansion_failed", "admit", "placed")
+            row["events"] = [
+                {k: v for k, v in e.items() if k not in ("fit", "params")}
+                for e in events(folder)
+                if e.get("kind") in kinds
+            ]
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+            shutil.rmtree(folder / "checkpoints", ignore_errors=True)  # 1.6 GB each
+        results.append(row)
+        print(
+            f"| {i} | {row['after_steps']} | {row['steps']} | {row['failures']} | "
+            f"{row['replacements']} | {row['lost']} | {row['duplicated']} | "
+            f"{row['seconds']:.0f} |"
+        )
     total_lost = sum(r["lost"] for r in results)
     total_dup = sum(r["duplicated"] for r in results)
     print(f"over {len(results)} runs: {total_lost} trajectories lost, {total_dup} duplicated")
