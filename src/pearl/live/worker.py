@@ -15,16 +15,27 @@ from pearl.errors import EngineStateError, KVTransferError
 from pearl.live.cluster import Placement
 from pearl.live.server import EngineServer, ModelSpec
 
-_ACTOR_CLASS = None
+_ACTOR_CLASSES: dict[str, Any] = {}
+BACKENDS = ("pearl", "vllm")  # rollout.backend: our engine, or vLLM's (live/vllm_server.py)
 
 
-def _actor_class():
-    global _ACTOR_CLASS
-    if _ACTOR_CLASS is None:
+def server_class(backend: str) -> type:
+    """The engine server a worker process runs for ``backend``."""
+    if backend == "pearl":
+        return EngineServer
+    if backend == "vllm":
+        from pearl.live.vllm_server import VllmServer
+
+        return VllmServer
+    raise ValueError(f"rollout backend {backend!r} is not one of {', '.join(BACKENDS)}")
+
+
+def _actor_class(backend: str = "pearl"):
+    if backend not in _ACTOR_CLASSES:
         import ray
 
-        _ACTOR_CLASS = ray.remote(EngineServer)
-    return _ACTOR_CLASS
+        _ACTOR_CLASSES[backend] = ray.remote(server_class(backend))
+    return _ACTOR_CLASSES[backend]
 
 
 class LiveWorker:
@@ -37,6 +48,7 @@ class LiveWorker:
         engine_config: EngineConfig,
         role: WorkerRole = WorkerRole.COLOCATED,
         placement: Placement | None = None,
+        backend: str = "pearl",
     ):
         self.worker_id = worker_id
         self._role = role
@@ -51,7 +63,7 @@ class LiveWorker:
         self.weights_source = None
         config = dataclasses.replace(engine_config, role=Role(role.value))
         options = (placement or Placement()).worker_options()
-        self.actor = _actor_class().options(**options).remote(worker_id, model, config)
+        self.actor = _actor_class(backend).options(**options).remote(worker_id, model, config)
         self.location: dict[str, Any] | None = None  # its node, once ready() has answered
         self._ready: asyncio.Future | None = None
 

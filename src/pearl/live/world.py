@@ -23,9 +23,9 @@ from pearl.control.tracker import IterationObservation
 from pearl.engine.config import EngineConfig
 from pearl.errors import EngineStateError
 from pearl.live.cluster import Placement
-from pearl.live.server import EngineServer, ModelSpec
+from pearl.live.server import ModelSpec
 from pearl.live.trainer import LiveTrainer
-from pearl.live.worker import LiveKVMover, LiveWorker
+from pearl.live.worker import LiveKVMover, LiveWorker, server_class
 from pearl.models.config import ModelConfig
 
 
@@ -57,8 +57,6 @@ def cpu_prior(model: ModelConfig, batch_trajectories: int, max_context: int) -> 
 class LiveWorld:
     """Engine actors (``EngineServer``) and a trainer actor, for the composition root."""
 
-    capabilities = EngineServer.capabilities
-
     def __init__(
         self,
         model: ModelSpec,
@@ -69,6 +67,7 @@ class LiveWorld:
         placement: Placement | None = None,
         on_placed: Callable[[dict], None] | None = None,
         start_timeout_s: float = 600.0,
+        backend: str = "pearl",
     ) -> None:
         self.model = model
         self.engine = engine
@@ -78,11 +77,13 @@ class LiveWorld:
         self.placement = placement
         self.on_placed = on_placed  # gets a "placed" event once each worker runs somewhere
         self.start_timeout_s = start_timeout_s  # a new worker Ray cannot place by then fails
+        self.backend = backend
+        self.capabilities = server_class(backend).capabilities  # what its policy may use
         self.workers: dict[str, LiveWorker] = {}
         self._placing: set[asyncio.Future] = set()
 
     def make_worker(self, worker_id: str, slot: WorkerSlot, role: WorkerRole, plane) -> LiveWorker:
-        worker = LiveWorker(worker_id, self.model, self.engine, role, self.placement)
+        worker = LiveWorker(worker_id, self.model, self.engine, role, self.placement, self.backend)
         worker.weights_source = lambda: self.trainer.weights_ref
         worker.on_failure = lambda: plane.worker_failed(slot.slot_id)
         self.workers[worker_id] = worker

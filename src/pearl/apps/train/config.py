@@ -35,6 +35,11 @@ class TrainEnvSection(_Section):
 
 
 class TrainRolloutSection(_Section):
+    backend: Literal["pearl", "vllm"] = Field(
+        "pearl",
+        description="the rollout engine: pearl (ours: every policy) or vllm (colocated "
+        "policies without borrowing; run from the venv scripts/vllm_env.sh makes)",
+    )
     workers: int = Field(1, ge=1, le=16, description="colocated rollout workers (processes)")
     tasks_per_step: int = Field(8, ge=1, le=1024)
     group_size: int = Field(4, ge=2, le=64, description="trajectories per task (GRPO group)")
@@ -216,6 +221,19 @@ class TrainConfig(_Section):
     trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
     run: TrainRunSection = Field(default_factory=TrainRunSection)
     logger: TrainLoggerSection = Field(default_factory=TrainLoggerSection)
+
+    @model_validator(mode="after")
+    def _backend_can_run_the_policy(self) -> TrainConfig:
+        """A policy that needs what the rollout backend cannot do (PD needs KV export and
+        import, borrowing needs sleep) is refused here, before anything starts."""
+        from pearl.control.policies import get_policy
+        from pearl.control.rollout_engine import require_capabilities
+        from pearl.live.worker import server_class
+
+        require_capabilities(
+            get_policy(self.cluster.policy), server_class(self.rollout.backend).capabilities
+        )
+        return self
 
     @model_validator(mode="after")
     def _gpus_are_asked_for(self) -> TrainConfig:

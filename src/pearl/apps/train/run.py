@@ -121,6 +121,11 @@ class _LiveRun:
         borrows = policy.borrowing is not Borrowing.OFF
         trainers = cfg.trainer.processes
         actors = cfg.rollout.workers + preemptible + trainers + (1 if borrows else 0)
+        if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout.backend=vllm: vLLM is not installed in this environment; run "
+                "`bash scripts/vllm_env.sh`, then `.venv-vllm/bin/pearl train ...`"
+            )
         ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
         import ray
 
@@ -171,7 +176,13 @@ class _LiveRun:
         batch_size = cfg.rollout.tasks_per_step * cfg.rollout.group_size
         prior = cpu_prior(run.model_config, batch_size, cfg.rollout.max_context_tokens)
         self.world = LiveWorld(
-            spec, engine, self.trainer, prior, placement=placement, on_placed=self.placed
+            spec,
+            engine,
+            self.trainer,
+            prior,
+            placement=placement,
+            on_placed=self.placed,
+            backend=cfg.rollout.backend,
         )
         self.started = time.monotonic()
         # One TP-1 "GPU" per process: rollout workers first, then the trainer's slot.

@@ -1,0 +1,211 @@
+"""vLLM as a rollout engine (``rollout.backend: vllm``): the ``RolloutEngine`` parts vLLM's
+own engine can do, run in one worker process, and the rest declared missing.
+
+``VllmServer`` has ``EngineServer``'s methods, so ``pearl.live.worker`` runs either as a Ray
+actor: each turn is one vLLM request for the turn's whole context (vLLM's prefix cache keeps
+the earlier turns' KV), sampled with the turn's settings, returning the sampled tokens'
+log-probabilities after temperature (``logprobs_mode=processed_logprobs``: what the trainer's
+importance ratio compares with), and cut short by ``abort_all`` with its partial output. New
+weights go through vLLM's own in-place reload (each model's ``load_weights``, then its
+kernels' repacking) inside vLLM's worker (``VllmWorkerExtension``, named in the engine's
+``worker_extension_cls``), between engine steps, with turns in flight. What vLLM cannot do here is declared: no KV export or
+import by token range (so no PD deployments), no sleep that frees memory on CPU (so no
+borrowing), no per-iteration log (the decision model keeps its prior). vLLM is imported only
+in the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry
+from pearl.control.rollout_engine import Capability, EngineCapabilities
+from pearl.engine.config import EngineConfig
+from pearl.live.server import ModelSpec
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VllmWorkerExtension:
+    """Methods vLLM mixes into its worker class (``worker_extension_cls``), which the
+    server calls by name through ``collective_rpc``."""
+
+    def pearl_load_weights(self, path: str) -> int:
+        """Install the weights in the safetensors file ``path`` with vLLM's in-place reload
+        (the model's own ``load_weights``, which maps Hugging Face names onto vLLM's fused
+        layers, then the kernels' repacking)."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
+        return len(weights)
+
+
+class VllmServer:
+    """Serves one vLLM ``AsyncLLM`` to the control plane."""
+
+    capabilities = EngineCapabilities("vllm", frozenset({Capability.WEIGHT_UPDATE}))
+
+    def __init__(
+        self,
+        worker_id: str,
+        model: ModelSpec,
+        engine_config: EngineConfig,
+        torch_threads: int = 1,
+    ) -> None:
+        if model.folder is None:
+            raise ValueError("the vLLM backend loads a model folder (ModelSpec.folder)")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise RuntimeError(
+                "rollout.backend=vllm needs vLLM in this environment: run "
+                "`bash scripts/vllm_env.sh` and start pearl from .venv-vllm "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+        self.worker_id = worker_id
+        self.version = 0
+        args = AsyncEngineArgs(
+            model=model.folder,
+            dtype=engine_config.dtype,
+            max_model_len=engine_config.max_model_len,
+            max_num_seqs=engine_config.max_num_seqs,
+            seed=engine_config.seed,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.VllmWorkerExtension",
+            disable_log_stats=True,
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        self._running: set[str] = set()
+
+    # -- turns ----------------------------------------------------------------------
+    async def run_turn(self, turn: TurnRequest) -> TurnOutput:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        submitted = time.monotonic()
+        params = SamplingParams(
+            temperature=turn.temperature,
+            top_p=turn.top_p,
+            top_k=turn.top_k if turn.top_k > 0 else -1,
+            seed=turn.seed,
+            max_tokens=turn.max_new_tokens,
+            ignore_eos=turn.ignore_eos,
+            logprobs=0,  # the sampled token's
+        )
+        prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
+        self._running.add(turn.request_id)
+        last = None
+        first_token_at = None
+        try:
+            async for out in self.engine.generate(prompt, params, turn.request_id):
+                last = out
+                if first_token_at is None and out.outputs and out.outputs[0].token_ids:
+                    first_token_at = time.monotonic()
+        finally:
+            self._running.discard(turn.request_id)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        reason = "abort"
+        cached = 0
+        if last is not None and last.outputs:
+            completion = last.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [
+                lp[tok].logprob if lp and tok in lp else 0.0
+                for tok, lp in zip(tokens, completion.logprobs or [], strict=False)
+            ]
+            reason = _FINISH.get(str(completion.finish_reason), "abort")
+            cached = last.num_cached_tokens or 0
+        return TurnOutput(
+            turn.request_id,
+            turn.session_id,
+            tokens,
+            logprobs,
+            reason,
+            self.version,
+            TurnTelemetry(
+                submitted_at=submitted,
+                first_token_at=first_token_at,
+                finished_at=time.monotonic(),
+                prefill_tokens_computed=len(turn.token_ids) - cached,
+                prefill_tokens_cached=cached,
+                prefill_worker=self.worker_id,
+                decode_worker=self.worker_id,
+            ),
+        )
+
+    async def session_length(self, session_id: str) -> int:
+        return 0  # nothing is pinned per session: vLLM's prefix cache serves the context
+
+    async def match_session(self, session_id: str, token_ids: list[int]) -> int:
+        return 0
+
+    async def release_session(self, session_id: str) -> None:
+        return None
+
+    async def export_kv(self, session_id: str, start: int, end: int):
+        raise NotImplementedError("the vLLM backend cannot export KV (no PD deployments)")
+
+    async def import_kv(self, chunk) -> tuple[int, int]:
+        raise NotImplementedError("the vLLM backend cannot import KV (no PD deployments)")
+
+    async def set_role(self, role: str) -> list[TurnOutput]:
+        if role != "colocated":
+            raise NotImplementedError(f"the vLLM backend runs colocated only, not {role}")
+        return []
+
+    async def abort_all(self) -> list[TurnOutput]:
+        """Abort every turn in flight; each ``run_turn`` returns its partial output."""
+        running = list(self._running)
+        if running:
+            await self.engine.abort(running)
+        return []
+
+    async def release_device(self) -> None:
+        raise NotImplementedError("the vLLM backend cannot free its memory here (no borrowing)")
+
+    async def restore_device(self) -> None:
+        raise NotImplementedError("the vLLM backend cannot free its memory here (no borrowing)")
+
+    async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
+        """Install the trainer's ``(version, numpy weights)`` between engine steps."""
+        import tempfile
+
+        from safetensors.numpy import save_file
+
+        version, arrays = weights
+        # Handed to vLLM's worker process as a file in memory-backed /dev/shm where there is
+        # one (its RPC carries small messages, not a model's tensors).
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=where) as folder:
+            path = os.path.join(folder, f"v{version}.safetensors")
+            save_file({n: a for n, a in arrays.items()}, path)
+            await self.engine.collective_rpc("pearl_load_weights", args=(path,))
+        await self.engine.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.version = version
+        return version
+
+    async def stats(self) -> dict[str, Any]:
+        return {"backend": "vllm", "running": len(self._running), "weight_version": self.version}
+
+    async def ping(self) -> str:
+        return self.worker_id
+
+    async def where(self) -> dict:
+        from pearl.live.cluster import actor_location
+
+        return actor_location()
+
+    async def log_iterations(self, enabled: bool = True) -> list:
+        return []  # vLLM's iterations are not observed: the decision model keeps its prior
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

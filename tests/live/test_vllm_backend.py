@@ -1,0 +1,92 @@
+"""The vLLM rollout backend (``rollout.backend=vllm``). Without vLLM installed (the default
+venv) only the refusals run; with it (``bash scripts/vllm_env.sh``, then
+``.venv-vllm/bin/python -m pytest tests/live/test_vllm_backend.py``) the server itself runs
+on SmolLM2-135M: turns with the sampled tokens' log-probabilities after temperature (equal
+to what the trainer computes for the importance ratio), an abort that returns the partial
+output, and new weights through vLLM's in-place reload."""
+
+import asyncio
+import importlib.util
+
+import pytest
+
+from pearl.config import ConfigError
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_policies_the_vllm_backend_cannot_run_are_refused_before_anything_starts():
+    from pearl.apps.train.config import load_train_config
+
+    load_train_config(None, ["rollout.backend=vllm", "cluster.policy=rlboost"])  # colocated
+    for policy, missing in (("static-pd", "kv_export"), ("pearl", "sleep")):
+        with pytest.raises(ConfigError, match=f"vllm engine cannot.*{missing}"):
+            load_train_config(None, ["rollout.backend=vllm", f"cluster.policy={policy}"])
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_without_vllm_installed_the_run_says_how_to_get_it(tmp_path):
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    cfg = load_train_config(None, ["rollout.backend=vllm", f"run.run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="scripts/vllm_env.sh"):
+        TrainRun(cfg, log=lambda _: None).run()
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from pearl.models.catalog import resolve_model
+
+    return str(resolve_model("smollm2-135m"))
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
+    import numpy as np
+
+    from pearl.control.interfaces import TrainSample, TurnRequest
+    from pearl.engine.config import EngineConfig
+    from pearl.live.server import ModelSpec
+    from pearl.live.trainer import GRPOTrainer, TrainerConfig
+    from pearl.live.vllm_server import VllmServer
+
+    server = VllmServer("v0", ModelSpec(folder=smollm2), EngineConfig(max_model_len=512))
+    trainer = GRPOTrainer(ModelSpec(folder=smollm2), TrainerConfig(temperature=0.7))
+    prompt = [1, 9690, 198, 2683, 314, 253, 5356, 30, 2, 198, 1, 4093, 198]
+
+    async def run():
+        turns = [
+            TurnRequest(f"r{i}", f"s{i}", prompt, 12, temperature=0.7, seed=i) for i in range(3)
+        ]
+        outs = await asyncio.gather(*(server.run_turn(t) for t in turns))
+        # the behaviour log-probabilities are the trainer's at the sampling temperature
+        for out in outs:
+            assert len(out.token_ids) == len(out.logprobs) == 12 and out.finish_reason == "length"
+            ids = prompt + out.token_ids
+            mask = [0] * len(prompt) + [1] * len(out.token_ids)
+            sample = TrainSample(tuple(ids), tuple(mask), (0.0,) * len(ids), 0.0, "g")
+            scored = trainer.score([sample])[0][len(prompt) :]
+            assert np.allclose(scored, out.logprobs, atol=2e-3), (scored, out.logprobs)
+        # an abort returns what was generated so far
+        long = asyncio.ensure_future(
+            server.run_turn(TurnRequest("long", "s9", prompt, 400, temperature=0.7, seed=3))
+        )
+        await asyncio.sleep(1.0)
+        await server.abort_all()
+        cut = await long
+        assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < 400
+        # new weights: the same ones change nothing, others change the continuation
+        version, weights = trainer.weights()
+        assert await server.load_weights((1, weights)) == 1
+        again = await server.run_turn(turns[0])
+        assert again.token_ids == outs[0].token_ids and again.weight_version == 1
+        other = {n: (w * 0.5 if "mlp" in n else w) for n, w in weights.items()}
+        await server.load_weights((2, other))
+        changed = await server.run_turn(turns[0])
+        assert changed.token_ids != outs[0].token_ids and changed.weight_version == 2
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.shutdown()
