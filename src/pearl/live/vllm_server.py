@@ -70,6 +70,10 @@ class VllmServer:
             ) from None
         self.worker_id = worker_id
         self.version = 0
+        extra: dict[str, Any] = {}
+        gpu = _assigned_gpu_fraction()
+        if gpu:  # share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer)
+            extra["gpu_memory_utilization"] = 0.9 * min(1.0, gpu)
         args = AsyncEngineArgs(
             model=model.folder,
             dtype=engine_config.dtype,
@@ -81,6 +85,7 @@ class VllmServer:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.VllmWorkerExtension",
             disable_log_stats=True,
+            **extra,
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self._running: set[str] = set()
@@ -209,3 +214,15 @@ class VllmServer:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _assigned_gpu_fraction() -> float:
+    """The GPUs Ray gave this actor (0 outside Ray or without GPUs)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return 0.0
+        return float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        return 0.0
