@@ -245,6 +245,31 @@ def test_twenty_worker_kills_lose_or_duplicate_no_trajectory(chat_model, tmp_pat
     assert kills >= 20 and kills - 1 <= failures <= kills
 
 
+def test_borrowing_lends_the_slot_of_a_trainer_of_two_processes(chat_model, tmp_path, ray_runtime):
+    """PEARL borrows between updates while the trainer is two FSDP2 processes: both are
+    released and restored each round, and every step trains."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    overrides = [
+        f"model.name={chat_model}",
+        "cluster.policy=pearl-ungated",
+        "trainer.processes=2",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
+        "run.steps=4",
+        "run.eval_tasks=0",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=borrow2",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["steps"] == 4 and out["weight_version"] == 4
+    assert out["counters"]["borrow_rounds"] >= 1
+    nodes = out["nodes"]
+    assert sum(a.startswith("trainer") for n in nodes.values() for a in n["actors"]) == 2
+
+
 def test_train_config_errors_name_the_key():
     from pearl.apps.train.config import load_train_config
 
