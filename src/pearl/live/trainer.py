@@ -128,8 +128,6 @@ class GRPOTrainer:
         node's address, a port free now)."""
         import socket
 
-        from pearl.live.cluster import actor_location
-
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
@@ -202,11 +200,11 @@ class GRPOTrainer:
         collectives pair up)."""
         if self.world == 1:
             return [(part, 1.0) for part in self._micro_batches(samples, useful)]
-        groups = sorted({samples[i].group for i in useful})
+        rank_of = {
+            g: n % self.world for n, g in enumerate(sorted({samples[i].group for i in useful}))
+        }
         shares = [
-            self._micro_batches(
-                samples, [i for i in useful if groups.index(samples[i].group) % self.world == r]
-            )
+            self._micro_batches(samples, [i for i in useful if rank_of[samples[i].group] == r])
             for r in range(self.world)
         ]
         mine = [(part, 1.0) for part in shares[self.rank]]
