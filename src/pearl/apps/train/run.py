@@ -135,8 +135,9 @@ class _LiveRun:
         self.nodes: dict[str, dict[str, Any]] = {}  # node id -> its address and actors
         if ray.cluster_resources().get("CPU", 0) < actors:
             raise ConfigError(
-                f"this run needs {actors} Ray CPU slots (rollout workers, trainer processes, borrowed "
-                f"slot); the running Ray instance has {ray.cluster_resources().get('CPU', 0)}"
+                f"this run needs {actors} Ray CPU slots (rollout workers, trainer processes, "
+                f"borrowed slot); the running Ray instance has "
+                f"{ray.cluster_resources().get('CPU', 0)}"
             )
         name = cfg.run.run_name or default_run_name("train-")
         self.folder = RunFolder(cfg.run.run_dir, name)
@@ -373,7 +374,6 @@ class _LiveRun:
         )
 
     def close(self) -> None:
-
         self.folder.close()
         for board in self.boards:
             board.close()
