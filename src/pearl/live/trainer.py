@@ -484,7 +484,7 @@ class LiveTrainer:
 
     async def _all(self, method: str, *args) -> list[Any]:
         """``method`` on every process (a collective when sharded); their answers."""
-        return await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors))
+        return await _gather([getattr(a, method).remote(*args) for a in self.actors])
 
     async def start(self, resume: str | None = None) -> None:
         self.locations = await self._all("where")
@@ -502,7 +502,7 @@ class LiveTrainer:
     async def _publish(self) -> tuple[int, Any]:
         refs = [a.weights.remote() for a in self.actors]
         self.weights_ref = refs[0]
-        (version, _), *_ = await asyncio.gather(*refs)
+        (version, _), *_ = await _gather(refs)
         return version, self.weights_ref
 
     async def train_step(self, batch: TrainBatch) -> TrainMetrics:
@@ -533,3 +533,29 @@ class LiveTrainer:
 
         for actor in self.actors:
             ray.kill(actor)
+
+
+DEATH_GRACE_S = 10.0
+"""How long, once one trainer process failed, to wait for the others' answers: when a
+process dies, the survivors fail in their collectives first, and the death is the news."""
+
+
+async def _gather(refs: list[Any]) -> list[Any]:
+    """Await the processes' ``refs``. If one fails, the failure reported is a process's
+    death when any process died (``RayActorError``, which ends the run with the resume
+    command), not a survivor's broken collective."""
+    from ray.exceptions import RayActorError
+
+    async def one(ref: Any) -> Any:
+        return await ref
+
+    tasks = [asyncio.ensure_future(one(r)) for r in refs]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    failed = [t.exception() for t in done if t.exception() is not None]
+    if not failed:
+        return [t.result() for t in tasks]
+    if pending:
+        late, _ = await asyncio.wait(pending, timeout=DEATH_GRACE_S)
+        failed += [t.exception() for t in late if t.exception() is not None]
+    deaths = [e for e in failed if isinstance(e, RayActorError)]
+    raise (deaths or failed)[0]
