@@ -134,15 +134,21 @@ def test_kernel_checks_fit_on_their_fit_rows_and_report_every_held_out_row(tmp_p
     assert 1e-4 < one < 2e-4
 
 
-def test_trainer_processes_reports_one_and_two_processes_agreeing(tmp_path, monkeypatch):
-    import json
-
+def _tiny_model_and_no_ray(tmp_path):
+    """A tiny chat model folder; no Ray runtime left from an earlier test (the benchmark
+    starts its own)."""
     import ray
     from tiny_model import tiny_chat_model
 
     if ray.is_initialized():
         ray.shutdown()
-    model = tiny_chat_model(tmp_path / "model")
+    return tiny_chat_model(tmp_path / "model")
+
+
+def test_trainer_processes_reports_one_and_two_processes_agreeing(tmp_path, monkeypatch):
+    import json
+
+    model = _tiny_model_and_no_ray(tmp_path)
     bench = load("trainer_processes")
     out = tmp_path / "t.json"
     argv = ["trainer_processes.py", "--model", str(model), "--steps", "2", "--out", str(out)]
@@ -161,12 +167,7 @@ def test_trainer_processes_reports_one_and_two_processes_agreeing(tmp_path, monk
 def test_node_loss_runs_and_audits_every_step(tmp_path, monkeypatch):
     import json
 
-    import ray
-    from tiny_model import tiny_chat_model
-
-    if ray.is_initialized():
-        ray.shutdown()
-    model = tiny_chat_model(tmp_path / "model")
+    model = _tiny_model_and_no_ray(tmp_path)
     bench = load("node_loss")
     out = tmp_path / "n.json"
     overrides = [

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry
-from pearl.control.rollout_engine import Capability, EngineCapabilities
+from pearl.control.rollout_engine import Capability, EngineCapabilities, EngineCapabilityError
 from pearl.engine.config import EngineConfig
 from pearl.live.server import ModelSpec
 
@@ -157,14 +157,14 @@ class VllmServer:
         return None
 
     async def export_kv(self, session_id: str, start: int, end: int):
-        raise NotImplementedError("the vLLM backend cannot export KV (no PD deployments)")
+        raise EngineCapabilityError("the vLLM backend cannot export KV (no PD deployments)")
 
     async def import_kv(self, chunk) -> tuple[int, int]:
-        raise NotImplementedError("the vLLM backend cannot import KV (no PD deployments)")
+        raise EngineCapabilityError("the vLLM backend cannot import KV (no PD deployments)")
 
     async def set_role(self, role: str) -> list[TurnOutput]:
         if role != "colocated":
-            raise NotImplementedError(f"the vLLM backend runs colocated only, not {role}")
+            raise EngineCapabilityError(f"the vLLM backend runs colocated only, not {role}")
         return []
 
     async def abort_all(self) -> list[TurnOutput]:
@@ -175,10 +175,10 @@ class VllmServer:
         return []
 
     async def release_device(self) -> None:
-        raise NotImplementedError("the vLLM backend cannot free its memory here (no borrowing)")
+        raise EngineCapabilityError("the vLLM backend cannot free its memory here (no borrowing)")
 
     async def restore_device(self) -> None:
-        raise NotImplementedError("the vLLM backend cannot free its memory here (no borrowing)")
+        raise EngineCapabilityError("the vLLM backend cannot free its memory here (no borrowing)")
 
     async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
         """Install the trainer's ``(version, numpy weights)`` between engine steps."""
