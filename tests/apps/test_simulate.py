@@ -197,6 +197,41 @@ def test_cli_missing_config_file_names_it(tmp_path):
     assert str(missing) in result.output
 
 
+def test_a_trace_truncated_at_max_model_len_replays_and_is_named_as_the_workload(
+    tmp_path, tiny_run
+):
+    """RL traces cut trajectories at the context cap: a sequence of exactly max_model_len
+    tokens is valid (the last token's KV is never computed), one token more is not."""
+    from pearl.workloads.traces import save_rollout_trace
+
+    _, _, batch = tiny_run
+    trace = tmp_path / "capped.jsonl"
+    save_rollout_trace(batch, trace)
+    cap = max(t.peak_context_tokens for t in batch.trajectories)
+    lines: list[str] = []
+    cfg = load_config(
+        SimulateConfig,
+        None,
+        tiny_overrides(tmp_path, "capped", f"workload.trace={trace}", f"sim.max_model_len={cap}"),
+    )
+    outcome = run_simulate(cfg, log=lines.append)
+    for report in outcome.reports:
+        assert len(report.result.trajectories) == batch.num_trajectories
+        assert sum(len(t.turns) for t in report.result.trajectories) == sum(
+            t.num_turns for t in batch.trajectories
+        )
+    summary = json.loads((Path(outcome.run_dir) / "summary.json").read_text())
+    assert summary["workload"] == "trace capped.jsonl"
+    assert "workload trace capped.jsonl" in lines[0] and "swe" not in lines[0]
+    result = CliRunner().invoke(
+        app,
+        ["simulate", *tiny_overrides(tmp_path, "over", f"workload.trace={trace}")]
+        + [f"sim.max_model_len={cap - 1}"],
+    )
+    assert result.exit_code == 2
+    assert f"reaches {cap} tokens, over the engine's max_model_len of {cap - 1}" in result.output
+
+
 def test_example_config_is_valid():
     cfg = load_config(SimulateConfig, REPO / "configs" / "simulate_default.yaml")
     for label in cfg.cluster.deployments:

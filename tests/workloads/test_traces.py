@@ -188,12 +188,13 @@ def test_a_trajectory_beyond_the_engines_length_is_rejected_with_its_line(tmp_pa
     path = tmp_path / "long.jsonl"
     save_rollout_trace(batch, path)
     peaks = [t.peak_context_tokens for t in batch.trajectories]
-    limit = sorted(peaks)[-1]  # the longest trajectory reaches it: rejected, the rest fit
+    limit = sorted(peaks)[-1] - 1  # the longest trajectory is over it: rejected, the rest fit
     with pytest.raises(
-        TraceFormatError, match=r"long\.jsonl:\d+: field turns: .*max_model_len is"
+        TraceFormatError, match=r"long\.jsonl:\d+: field turns: .*max_model_len of"
     ) as exc:
         load_rollout_trace(path, max_model_len=limit)
     line = int(str(exc.value).split(".jsonl:", 1)[1].split(":", 1)[0])
     record = json.loads(path.read_text().splitlines()[line - 1])
     assert "turns" in record  # the line of the offending trajectory, not the header
+    # Exactly max_model_len tokens is valid (truncated at the cap: the common RL case).
     assert load_rollout_trace(path, max_model_len=limit + 1).num_trajectories == len(peaks)

@@ -71,19 +71,27 @@ def _turn_events(run: RunFolder, report: FixedRolloutReport) -> None:
             )
 
 
+def workload_label(cfg: SimulateConfig) -> str:
+    """What the batch is, for logs and the run folder: the trace file a replay reads, or
+    the profile a batch is generated from."""
+    w = cfg.workload
+    return f"trace {Path(w.trace).name}" if w.trace else w.profile
+
+
 def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
     """Run every configured deployment on the same batch; write the run folder."""
     cost = build_cost_model(cfg)
     batch = build_batch(cfg)
     engine = engine_config(cfg.sim)
     longest = max(t.peak_context_tokens for t in batch.trajectories)
-    check_fits(cost, engine, longest, f"workload {cfg.workload.trace or cfg.workload.profile}")
+    workload = workload_label(cfg)
+    check_fits(cost, engine, longest, f"workload {workload}")
     run = RunFolder(cfg.logger.run_dir, cfg.logger.run_name)
     run.write_config(dump_config(cfg))
     reports = []
     rows = []
     log(
-        f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}; workload {cfg.workload.profile}: "
+        f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}; workload {workload}: "
         f"{batch.num_trajectories} trajectories, {sum(t.num_turns for t in batch.trajectories)} turns"
     )
     for label in cfg.cluster.deployments:
@@ -106,6 +114,7 @@ def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
             "model": cost.model.name,
             "gpu": cost.gpu.name,
             "tp": cost.tp,
+            "workload": workload,
             "trajectories": batch.num_trajectories,
             "makespan_s": {r.deployment: r.makespan_s for r in reports},
             "best_deployment": best.deployment,
@@ -113,7 +122,9 @@ def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
         }
     )
     run.close()
-    write_rollout_report(run.path, rows, f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}")
+    write_rollout_report(
+        run.path, rows, f"{cost.model.name} on TP{cost.tp} {cost.gpu.name}, workload {workload}"
+    )
     return SimulateOutcome(str(run.path), reports)
 
 

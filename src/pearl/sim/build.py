@@ -73,12 +73,12 @@ def check_fits(cost: CostModel, engine: SimEngineConfig, longest: int, what: str
             f"sim.max_model_len is {engine.max_model_len}, beyond {cost.model.name}'s own "
             f"context limit of {limit} tokens (max_position_embeddings); use at most {limit}"
         )
-    if longest >= engine.max_model_len:
+    if longest > engine.max_model_len:  # exactly max_model_len fits, as in vLLM
         raise ConfigError(
             f"{what} reaches {longest} tokens, but sim.max_model_len is {engine.max_model_len}; "
-            f"raise sim.max_model_len above {longest} or shorten the workload"
+            f"raise sim.max_model_len to {longest} or shorten the workload"
         )
-    if longest + 1 > capacity:
+    if longest > capacity:  # the last token's KV is never computed
         raise ConfigError(
             f"{what} reaches {longest} tokens, but one worker of {where} holds the KV of "
             f"{capacity} tokens; use a larger TP (cluster.tp) or a GPU with more memory"

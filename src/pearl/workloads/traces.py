@@ -167,7 +167,7 @@ def save_rollout_trace(
 
 def load_rollout_trace(path: str | Path, max_model_len: int | None = None) -> RolloutBatch:
     """Read and validate a JSONL rollout trace; raises TraceFormatError with file:line: field
-    (also for a trajectory that reaches ``max_model_len`` tokens, which no engine runs)."""
+    (also for a trajectory longer than ``max_model_len`` tokens, which no engine runs)."""
     path = Path(path)
     text = read_trace_text(path, "workload.trace must name a JSONL rollout trace file")
     return loads_rollout_trace(text, source=str(path), max_model_len=max_model_len)
@@ -242,7 +242,8 @@ def _check_context(
     max_model_len: int | None,
 ) -> None:
     """Raise TraceFormatError if ``traj`` (on line ``number``) peaks over the header's
-    max_context_tokens or reaches ``max_model_len``."""
+    max_context_tokens or over ``max_model_len`` (a sequence of exactly max_model_len tokens
+    is valid: the last sampled token's KV is never computed, as in vLLM)."""
     if traj.peak_context_tokens > header.max_context_tokens:
         raise _fail(
             source,
@@ -251,13 +252,13 @@ def _check_context(
             f"the trajectory reaches {traj.peak_context_tokens} tokens, over the header's "
             f"max_context_tokens {header.max_context_tokens} (line {header_line})",
         )
-    if max_model_len is not None and traj.peak_context_tokens >= max_model_len:
+    if max_model_len is not None and traj.peak_context_tokens > max_model_len:
         raise _fail(
             source,
             number,
             "turns",
-            f"the trajectory reaches {traj.peak_context_tokens} tokens; the engine's "
-            f"max_model_len is {max_model_len} (sim.max_model_len): raise it or shorten the turn",
+            f"the trajectory reaches {traj.peak_context_tokens} tokens, over the engine's "
+            f"max_model_len of {max_model_len} (sim.max_model_len): raise it or shorten the turn",
         )
 
 
