@@ -133,6 +133,68 @@ def test_sigterm_stops_the_pool_and_keeps_the_finished_runs(tmp_path):
     assert len(page.tables[0]) - 1 == len({k.split("@")[0] for k in summary["finished"]})
 
 
+def test_a_killed_run_process_is_reported_and_the_other_runs_finish_and_are_kept(tmp_path):
+    """The out-of-memory killer takes one run's process: the experiment does not hang; it
+    names the lost run and why, finishes the others, keeps them and reports them."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from procfs import process_tree
+
+    pearl = str(Path(sys.executable).parent / "pearl")
+    args = headline_args(
+        "headline.yaml",
+        tmp_path,
+        "k",
+        "processes=2",
+        "policies=[roll,pearl,rlboost]",
+        "elastic.segments=[segment2]",
+        "rl.duration_s=900",
+    )
+    proc = subprocess.Popen(
+        [pearl, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+    def run_processes() -> list[int]:
+        found = []
+        for pid in process_tree(proc.pid) - {proc.pid}:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"spawn_main" in f.read():
+                        found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not run_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        victims = run_processes()
+        assert victims, "no run process to kill"
+        os.kill(victims[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["complete"] is False and len(summary["lost"]) == 1
+    [(lost, why)] = summary["lost"].items()
+    assert "SIGKILL" in why and f"1 of 3 runs lost ({lost}: " in err
+    assert sorted(summary["finished"] + [lost]) == sorted(
+        f"{p}@segment2" for p in ("roll", "pearl", "rlboost")
+    )
+    kept = sorted(x.stem for x in (tmp_path / "k" / "runs").iterdir())
+    assert kept == sorted(summary["finished"])
+    assert (tmp_path / "k" / "report.html").is_file()
+
+
 def test_simulate_rejects_bad_experiment_keys_clearly(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "kind=rl", "policies=[roll,pearl9]"])
     assert result.exit_code == 2

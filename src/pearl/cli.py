@@ -118,7 +118,7 @@ def simulate(
     availability segment, with a throughput table.
     """
     from pearl.config import load_simulate_config
-    from pearl.errors import PearlError, RunInterrupted
+    from pearl.errors import PearlError, RunInterrupted, RunsLost
 
     try:
         cfg = load_simulate_config(config, list(ctx.args))
@@ -131,6 +131,9 @@ def simulate(
             from pearl.apps.simulate import run_simulate
 
             outcome = run_simulate(cfg)
+    except RunsLost as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
     except RunInterrupted as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(code=130) from None

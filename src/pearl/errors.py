@@ -54,3 +54,8 @@ class RunInterrupted(PearlError, RuntimeError):
 
 class RunStopped(RunInterrupted):
     """The user stopped a run (Ctrl-C or SIGTERM); the message says where its results are."""
+
+
+class RunsLost(RunInterrupted):
+    """Some of an experiment's runs were lost with the process running them (killed, out of
+    memory); the others finished and are kept. The message names each lost run and why."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import re
 import signal
 import time
@@ -20,9 +19,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pearl.apps.pool import run_in_processes
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
-from pearl.errors import ConfigError, RunStopped
+from pearl.errors import ConfigError, RunsLost, RunStopped
 from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
 from pearl.report.progress import Progress
@@ -79,10 +79,6 @@ def segment_warnings(cfg: RLExperimentConfig) -> list[str]:
     ]
 
 
-def _run_one_job(args: tuple[dict, str, str]) -> dict:
-    return run_one(*args)
-
-
 def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
     """One (policy, segment) run; plain data so it crosses process boundaries."""
     cfg = RLExperimentConfig.model_validate(cfg_json)
@@ -130,27 +126,29 @@ def _kept_name(policy: str, segment: str) -> str:
 
 
 def _run_jobs(
-    cfg: RLExperimentConfig, jobs: list[tuple[str, str]], finished: Callable[[dict], None]
+    cfg: RLExperimentConfig,
+    jobs: list[tuple[str, str]],
+    finished: Callable[[dict], None],
+    died: Callable[[tuple[str, str], str], None],
 ) -> None:
-    """Run every (policy, segment) job, in this process or a pool; ``finished`` gets each
-    run's results the moment it ends."""
+    """Run every (policy, segment) job, in this process or in worker processes;
+    ``finished`` gets each run's results the moment it ends, ``died`` each job whose
+    process died (killed, out of memory) with why; the other jobs go on."""
     cfg_json = cfg.model_dump(mode="json")
     if cfg.processes == 1:
         for p, s in jobs:
             finished(run_one(cfg_json, p, s))
         return
-    ctx = multiprocessing.get_context("spawn")
     # Longest runs first so the last process is not left alone with one: a fixed
     # P:D split keeps every turn on the PD path (~2x the simulated events per turn).
     order = sorted(jobs, key=lambda j: get_policy(j[0]).pd is not PDMode.STATIC)
-    # A multiprocessing pool, not concurrent.futures: leaving the block on an error
-    # or Ctrl-C terminates the workers at once instead of waiting for their runs.
-    # One fresh process per run: a long run's memory (its steps' turn outputs) is
-    # returned to the system when it ends instead of piling up in a long-lived worker.
-    with ctx.Pool(min(cfg.processes, len(jobs)), maxtasksperchild=1) as pool:
-        args = [(cfg_json, p, s) for p, s in order]
-        for result in pool.imap_unordered(_run_one_job, args):
-            finished(result)
+    run_in_processes(
+        run_one,
+        [((p, s), (cfg_json, p, s)) for p, s in order],
+        cfg.processes,
+        on_result=lambda key, result: finished(result),
+        on_died=died,  # type: ignore[arg-type]
+    )
 
 
 def _record_runs(run: RunFolder, runs: list[dict]) -> None:
@@ -207,21 +205,36 @@ def run_experiment(
         results[(result["policy"], result["segment"])] = result
         bar.advance(_one_line(result))
 
+    lost: dict[str, str] = {}
+
+    def died(job: tuple[str, str], reason: str) -> None:
+        key = f"{job[0]}@{job[1]}"
+        lost[key] = reason
+        log(f"error: run {key} lost: {reason}; the other runs go on")
+        bar.advance(f"{key} lost")
+
     log(f"{len(jobs)} runs in {min(cfg.processes, len(jobs))} processes; results in {run.path}")
     try:
         with _terminate_as_interrupt(), Progress(len(jobs), "simulated RL runs") as bar:
-            _run_jobs(cfg, jobs, finished)
+            _run_jobs(cfg, jobs, finished, died)
     except KeyboardInterrupt:
-        kept = run.path / "runs"
-        for partial in kept.glob("*.part"):  # cut mid-write: not a finished run
-            partial.unlink()
-        keys = [f"{p}@{s}" for p, s in jobs if (kept / _kept_name(p, s)).is_file()]
-        run.summary({"complete": False, "finished": keys, "runs": len(jobs)})
-        run.close()
+        keys = _close_partial(run, jobs, {})
         raise RunStopped(
             f"interrupted: {len(keys)} of {len(jobs)} runs finished; their results are in "
             f"{run.path / 'runs'}"
         ) from None
+    if lost:
+        keys = _close_partial(run, jobs, lost)
+        finished_runs = [results[j] for j in jobs if j in results]
+        if finished_runs:
+            write_tables_and_report(cfg, finished_runs, run.path, setting.cost.tp, warnings)
+        which = "; ".join(f"{k}: {why}" for k, why in lost.items())
+        raise RunsLost(
+            f"{len(lost)} of {len(jobs)} runs lost ({which}). The {len(keys)} finished runs "
+            f"are kept in {run.path / 'runs'}"
+            + (" and shown in report.html" if finished_runs else "")
+            + "; run the lost ones again with policies=[...] elastic.segments=[...]"
+        )
     runs = [results[j] for j in jobs]  # config order, whatever order they finished in
     _record_runs(run, runs)
     wall = time.perf_counter() - start
@@ -247,6 +260,18 @@ def run_experiment(
     return ExperimentOutcome(str(run.path), runs, table, wall, time_table(runs))
 
 
+def _close_partial(run: RunFolder, jobs: list[tuple[str, str]], lost: dict[str, str]) -> list[str]:
+    """The summary of an experiment that did not finish every run (interrupted, or runs
+    lost with their process): which runs finished and are kept, which were lost and why."""
+    kept = run.path / "runs"
+    for partial in kept.glob("*.part"):  # cut mid-write: not a finished run
+        partial.unlink()
+    keys = [f"{p}@{s}" for p, s in jobs if (kept / _kept_name(p, s)).is_file()]
+    run.summary({"complete": False, "finished": keys, "runs": len(jobs), "lost": lost})
+    run.close()
+    return keys
+
+
 def write_tables_and_report(
     cfg: RLExperimentConfig, runs: list[dict], folder: Path, tp: int, warnings: list[str]
 ) -> tuple[str, Path]:
@@ -268,7 +293,7 @@ def write_tables_and_report(
             "."
             if complete
             else f"; {len(cfg.policies) * len(cfg.elastic.segments)} configured "
-            "(the experiment was interrupted)."
+            "(the others were interrupted or lost: summary.json says which)."
         ),
         report_sections(runs, segments, table, figures),
         warnings,

@@ -12,12 +12,13 @@ borrowing):
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable
 
 from pearl.apps.experiment import run_summary
+from pearl.apps.pool import run_in_processes
 from pearl.config import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
+from pearl.errors import RunsLost
 from pearl.sim.build import build_setting
 from pearl.sim.policy_run import run_policy
 
@@ -58,10 +59,6 @@ def run_rung(cfg_json: dict, rung: str, gpus: int) -> dict:
     return run_summary(rung, f"{gpus} GPUs", result, float(gpus))
 
 
-def _run_rung_job(args: tuple[dict, str, int]) -> dict:
-    return run_rung(*args)
-
-
 def run_ladder(
     cfg: RLExperimentConfig,
     pools: list[int],
@@ -77,17 +74,24 @@ def run_ladder(
                 f"a rollout pool of {gpus} GPUs: needs a multiple of TP={tp} and at least "
                 f"2 workers ({2 * tp} GPUs) for a P:D split"
             )
-    jobs = [(cfg.model_dump(mode="json"), rung, gpus) for gpus in pools for rung in rungs]
+    cfg_json = cfg.model_dump(mode="json")
+    jobs = [((rung, gpus), (cfg_json, rung, gpus)) for gpus in pools for rung in rungs]
     done: dict[tuple[str, str], dict] = {}
-    with multiprocessing.get_context("spawn").Pool(
-        min(processes, len(jobs)), maxtasksperchild=1
-    ) as pool:
-        for r in pool.imap_unordered(_run_rung_job, jobs):
-            done[(r["policy"], r["segment"])] = r
-            log(
-                f"{r['segment']:>8} {r['policy']:<6} {r['throughput']:9.1f} tok/s "
-                f"({r['steps']} steps, {r['wall_s']:.0f} s wall)"
-            )
+    lost: dict[tuple[str, int], str] = {}
+
+    def finished(key, r: dict) -> None:
+        done[(r["policy"], r["segment"])] = r
+        log(
+            f"{r['segment']:>8} {r['policy']:<6} {r['throughput']:9.1f} tok/s "
+            f"({r['steps']} steps, {r['wall_s']:.0f} s wall)"
+        )
+
+    run_in_processes(
+        run_rung, jobs, processes, finished, lambda key, why: lost.__setitem__(key, why)
+    )
+    if lost:
+        which = "; ".join(f"{rung} on {gpus} GPUs: {why}" for (rung, gpus), why in lost.items())
+        raise RunsLost(f"{len(lost)} of {len(jobs)} ladder runs lost ({which})")
     return [done[(rung, f"{gpus} GPUs")] for gpus in pools for rung in rungs]
 
 
