@@ -61,6 +61,7 @@ def setting(duration_s=150.0, seed=0, **kw):
         duration_s=duration_s,
         seed=seed,
         check_invariants=True,
+        keep_results=True,
         **kw,
     )
 
@@ -381,6 +382,22 @@ def test_same_seed_same_run():
     assert json.dumps(a.step_rows()) == json.dumps(b.step_rows())
     assert json.dumps(a.events) == json.dumps(b.events)
     assert json.dumps(a.timeline) == json.dumps(b.timeline)
+
+
+def test_a_finished_step_keeps_only_its_counts_unless_asked_to_keep_its_turns():
+    """Memory flat in steps: the default run drops each synced step's turn outputs; the
+    rows (prefill counts included) are the same as when every turn is kept."""
+    import dataclasses
+
+    trace = synthetic_availability(SyntheticAvailability(duration_s=400.0, max_available=8), seed=5)
+    kept = setting(duration_s=200.0)
+    lean = dataclasses.replace(kept, keep_results=False, check_invariants=False)
+    a = run_policy(kept, get_policy("pearl-ungated"), trace)
+    b = run_policy(lean, get_policy("pearl-ungated"), trace)
+    assert all(r.result is not None for r in a.records if r.sync_finished)
+    assert all(r.result is None for r in b.records if r.sync_finished)
+    assert json.dumps(a.step_rows()) == json.dumps(b.step_rows())
+    assert any(row.get("rollout/prefill_tokens_computed") for row in b.step_rows())
 
 
 def test_roll_large_pool_is_the_segment_mean_rounded_to_workers():

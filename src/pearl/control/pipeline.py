@@ -39,6 +39,10 @@ class PipelineConfig:
     overlap_batches: bool = False
     """Start a batch as soon as its weights are synced, even while earlier batches still
     run; False: one rollout batch at a time."""
+    keep_results: bool = True
+    """Keep each step's ``BatchResult`` (every turn's tokens) in its record; False: drop it
+    once the step's weights are synced, so a long run's memory does not grow with its
+    steps (the record keeps its counts)."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.max_staleness < 0:
@@ -71,7 +75,11 @@ class StepRecord:
     rollout_tokens: int = 0
     train_tokens: int = 0
     weight_versions: tuple[int, int] = (0, 0)  # oldest and newest version among the batch's turns
-    result: BatchResult | None = field(default=None, repr=False)
+    # Prompt tokens the batch's turns computed and served from cached KV (prefix cache, or
+    # a session's kept KV); None until the batch is rolled out.
+    prefill_tokens_computed: int | None = None
+    prefill_tokens_cached: int | None = None
+    result: BatchResult | None = field(default=None, repr=False)  # see keep_results
     # Where the rollout workers' time went since the previous batch ended (worker-seconds
     # by use: prefill, decode, idle, ...), when the world measures it.
     time_breakdown: dict[str, float] = field(default_factory=dict)
@@ -198,6 +206,7 @@ class PipelineScheduler:
         rec.rollout_finished = self.clock.now()
         rec.result = result
         rec.rollout_tokens = result.generated_tokens
+        rec.prefill_tokens_computed, rec.prefill_tokens_cached = result.prefill_tokens()
         versions = [v for t in result.trajectories for v in t.weight_versions]
         rec.weight_versions = (min(versions), max(versions)) if versions else (0, 0)
         if self.listener is not None:
@@ -237,6 +246,8 @@ class PipelineScheduler:
             await self.weight_sync.sync(metrics.weight_version)
             self.synced_version = metrics.weight_version
             rec.sync_finished = self.clock.now()
+            if not self.config.keep_results:
+                rec.result = None
             async with self._changed:
                 self._changed.notify_all()
 

@@ -50,6 +50,9 @@ class RLSetting:
     check_invariants: bool = False
     """Fail the run if a turn reaches a worker whose slot is not active in the role the turn
     is sent for, or training starts while a borrowed GPU still serves rollout."""
+    keep_results: bool = False
+    """Keep every step's turn outputs in ``RLRunResult.records`` (tests check them); by
+    default a finished step keeps only its counts, so memory stays flat in steps."""
 
     def __post_init__(self) -> None:
         tp = self.cost.tp
@@ -135,9 +138,9 @@ class RLRunResult:
 def _prefill_record(rec: StepRecord) -> dict[str, float]:
     """The step's prompt tokens computed and served from cached KV (prefix cache or a
     session's kept KV), and the hit rate: how much of the prefill work reuse saved."""
-    if rec.result is None:
+    computed, cached = rec.prefill_tokens_computed, rec.prefill_tokens_cached
+    if computed is None or cached is None:  # not rolled out
         return {}
-    computed, cached = rec.result.prefill_tokens()
     total = computed + cached
     return {
         "rollout/prefill_tokens_computed": computed,
@@ -315,6 +318,7 @@ def run_policy(
                 max_staleness=setting.max_staleness,
                 overlap_batches=setting.overlap_batches,
                 deadline_s=setting.duration_s,
+                keep_results=setting.keep_results,
             ),
             listener=breakdown,
         )
