@@ -338,10 +338,13 @@ class Scheduler:
             return seq.num_uncomputed_tokens == 1 and role is not Role.PREFILL
 
         # 1. A chunked prefill in progress continues first.
+        prefill_role = role is Role.PREFILL
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is SequenceStatus.RUNNING and not decode_ready(seq):
+            if seq.status is SequenceStatus.RUNNING and (
+                prefill_role or len(seq.token_ids) - seq.num_computed_tokens != 1
+            ):
                 budget -= self._schedule_prefill(seq, budget, out, scheduled)
 
         # 2. Admit waiting sequences: prefills into this batch; sequences whose KV is all
@@ -372,11 +375,15 @@ class Scheduler:
             return out
 
         # 3. No prefill to run: every running sequence decodes one token.
-        for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING or not decode_ready(seq):
+        if role is Role.PREFILL:
+            return out
+        bs, decodes, running = self.blocks.block_size, out.decodes, SequenceStatus.RUNNING
+        for seq in list(self.running):  # hot in the simulator: decode_ready and _reserve inlined
+            n = len(seq.token_ids)
+            if seq.status is not running or n - seq.num_computed_tokens != 1:
                 continue
-            if self._reserve(seq, seq.num_tokens, scheduled):
-                out.decodes.append(seq)
+            if len(seq.block_table) * bs >= n or self._reserve(seq, n, scheduled):
+                decodes.append(seq)
                 scheduled.add(id(seq))
         return out
 

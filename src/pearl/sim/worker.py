@@ -525,19 +525,23 @@ class SimulatedWorker:
         finishes in them); the caller postprocesses the last one normally."""
         if steps <= 1:
             return
+        blocks = self.blocks
+        bs, m, n = blocks.block_size, self.vocab_size - 1, steps - 1
+        zeros = [0.0] * n
         for seq in out.decodes:
-            sid = seq.session_id or seq.request_id
-            base = seq.num_tokens
+            ids = seq.token_ids
+            base = len(ids)
             # synthetic_token for positions base .. base + steps - 2, inlined (hot loop)
-            c, m = zlib.crc32(sid.encode()), self.vocab_size - 1
-            new = [1 + (c + p * 2654435761) % m for p in range(base, base + steps - 1)]
-            self.blocks.allocate(seq, base + steps - 1)
-            if seq.telemetry.first_token_at is None and seq.num_output_tokens == 0:
+            c = zlib.crc32((seq.request.session_id or seq.request_id).encode())
+            if len(seq.block_table) * bs < base + n:  # blocks.allocate, only when it grows
+                blocks.allocate(seq, base + n)
+            if seq.telemetry.first_token_at is None and base == seq.num_prompt_tokens:
                 seq.telemetry.first_token_at = asyncio.get_running_loop().time()
-            seq.num_computed_tokens += steps - 1
-            seq.token_ids.extend(new)
-            seq.output_logprobs.extend([0.0] * (steps - 1))
-            self.blocks.commit(seq)
+            seq.num_computed_tokens += n
+            ids.extend([1 + (c + p * 2654435761) % m for p in range(base, base + n)])
+            seq.output_logprobs.extend(zeros)
+            if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block filled
+                blocks.commit(seq)
 
 
 def _engine_role(role: WorkerRole) -> Role:
