@@ -10,7 +10,10 @@ once more when GPU-regime workers stopped making KV exports and state queries wa
 iteration in progress (``SimEngineConfig.calls_wait_for_iteration``, now only in the live
 worker's twin; with it set everywhere the previous digests come back), and once when the
 borrow gate's events gained ``T_return`` and ``probe`` (the same run without those two keys
-gives the previous digest: no decision changed). A deliberate change to
+gives the previous digest: no decision changed), and once (issue 23) when a weight update
+stopped letting KV of the old weights back into the prefix cache: SGLang-mode's flush had
+re-registered the blocks of sequences in flight (``Scheduler.invalidate_cached_kv``, the
+live engine's fix for stale KV served to every later prompt). A deliberate change to
 what is simulated or recorded updates them in the same commit and says why.
 """
 
@@ -29,7 +32,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "0e08b74d3f1ab900"  # issue 20: the gate's events record T_return and probe
+RL_DIGEST = "013b34d4a27da0e8"  # issue 23: in-flight KV of old weights stays out of the cache
 ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
 
 

@@ -447,6 +447,39 @@ def test_weights_landing_mid_rollout_flush_the_cache_only_when_configured(tiny_c
     assert eng.session_length("s") == (0 if flush else len(prompt) + 3)
 
 
+@pytest.mark.parametrize("flush", [False, True])
+@pytest.mark.parametrize("busy", [False, True])
+def test_no_request_after_a_weight_update_starts_from_the_old_weights_kv(tiny_config, flush, busy):
+    """The prefix cache never serves KV the previous weights computed: a prompt sharing a
+    40-token prefix with earlier turns samples, after new weights land mid-rollout, exactly
+    what an engine built with the new weights samples. Before this, the shared prompt of
+    every `pearl train` task was served from the first weights' KV for the whole run (the
+    trained policy barely reached its own rollouts). ``busy``: a turn is still decoding when
+    the weights land (its old-weight blocks must not re-enter the cache when it goes on)."""
+    rng = np.random.default_rng(0)
+    shared = rng.integers(0, 97, size=40).tolist()
+    first, later = shared + [5, 6, 7], shared + [8, 9, 10, 11]
+    sp = SamplingParams(temperature=0.7, seed=123, max_new_tokens=8, ignore_eos=True)
+    eng = make_engine(tiny_config, max_num_batched_tokens=64, flush_cache_on_weight_update=flush)
+    eng.generate([Request("warm", first, sp)])  # the shared prefix is now cached
+    if busy:
+        eng.add_request(Request("busy", first, dataclasses.replace(sp, max_new_tokens=20)))
+        eng.step()
+        eng.step()
+    new = build_model(tiny_config, seed=1).state_dict()
+    eng.load_weights(new, 1, in_flight=True)
+    eng.run()
+    out = eng.generate([Request("after", later, sp)])["after"]
+    assert out.telemetry.prefill_tokens_cached == 0
+    fresh = make_engine(tiny_config, seed=1, max_num_batched_tokens=64)
+    expect = fresh.generate([Request("after", later, sp)])["after"]
+    assert out.token_ids == expect.token_ids
+    assert max(abs(a - b) for a, b in zip(out.logprobs, expect.logprobs, strict=True)) < 1e-5
+    # The new weights' own blocks are cached again for the next turn.
+    again = eng.generate([Request("again", later, sp)])["again"]
+    assert again.telemetry.prefill_tokens_cached > 0
+
+
 def test_a_bfloat16_engine_keeps_weights_and_kv_in_bfloat16_and_moves_kv_between_its_kind(
     tiny_config,
 ):

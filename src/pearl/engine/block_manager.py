@@ -95,7 +95,10 @@ class BlockManager:
         return seq.num_computed_tokens
 
     def commit(self, seq: Sequence) -> None:
-        """Register the blocks ``seq`` has completely computed in the prefix cache."""
+        """Register the blocks ``seq`` has completely computed in the prefix cache (none if
+        its KV predates the current weights: ``Scheduler.invalidate_cached_kv``)."""
+        if not seq.cacheable:
+            return
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         table, ids, hashes = seq.block_table, seq.token_ids, self._hash
@@ -174,6 +177,7 @@ class BlockManager:
         seq.block_table = []
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
+        seq.cacheable = True  # what it computes next, the current weights compute
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (new weights make cached KV stale)."""

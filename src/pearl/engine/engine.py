@@ -372,7 +372,9 @@ class LLMEngine:
         no request in flight. With ``in_flight`` the update lands between two iterations
         while requests run (an RL weight update mid-rollout): their KV and the pinned
         sessions are kept and they continue under the new weights, their later tokens
-        tagged ``version``. A bad state dict raises and changes nothing."""
+        tagged ``version``; the prefix cache is emptied and the kept KV never enters it
+        again, so no later request starts from KV the old weights computed. A bad state dict
+        raises and changes nothing."""
         if not isinstance(version, int) or version < 0:
             raise RequestError(f"weight version must be a non-negative int, got {version!r}")
         if in_flight and not self._asleep:
@@ -380,6 +382,8 @@ class LLMEngine:
             self.weight_version = version
             if self.config.flush_cache_on_weight_update:
                 self.scheduler.flush_prefix_cache()
+            else:  # sessions continue on their KV; no new request gets the old weights' KV
+                self.scheduler.invalidate_cached_kv()
             return
         if self.scheduler.has_work():
             raise EngineStateError(

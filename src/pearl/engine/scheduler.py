@@ -422,6 +422,7 @@ class Scheduler:
             pinned = self.sessions.pop(seq.session_id)
             seq.block_table = pinned.block_table
             seq.num_hashed_blocks = pinned.num_hashed_blocks
+            seq.cacheable = pinned.cacheable
             seq.num_computed_tokens = held
             pinned.block_table = []
             self.blocks.cache_queries += seq.num_tokens
@@ -631,15 +632,23 @@ class Scheduler:
         self.sessions[session_id] = pinned
         return pinned, overlap
 
+    def invalidate_cached_kv(self) -> None:
+        """New weights landed: no later request may attach KV the old ones computed. The
+        prefix cache is emptied; in-flight sequences and pinned sessions keep their KV (they
+        continue under the new weights) but never register a block in the cache again."""
+        self.blocks.reset_prefix_cache()
+        for seq in self._in_flight():
+            seq.cacheable = False
+        for seq in self.sessions.values():
+            seq.cacheable = False
+
     def flush_prefix_cache(self) -> None:
         """Forget all reusable KV (pinned sessions and the prefix cache), as an engine that
         flushes its cache on a weight update does: every continuing session re-prefills.
-        In-flight sequences keep their KV; their blocks are registered again as computed."""
+        In-flight sequences keep their KV but never register it (``invalidate_cached_kv``)."""
         for sid in list(self.sessions):
             self.release_session(sid)
-        self.blocks.reset_prefix_cache()
-        for seq in self._in_flight():
-            seq.num_hashed_blocks = 0
+        self.invalidate_cached_kv()
 
     def incompatible_with(self, role: Role) -> list[Sequence]:
         """In-flight sequences that ``role`` cannot run."""

@@ -143,6 +143,7 @@ class Sequence:
         "arrival",
         "weight_version",
         "attach_hint",
+        "cacheable",
     )
 
     def __init__(self, request: Request, arrival: int, now: float) -> None:
@@ -161,6 +162,9 @@ class Sequence:
         self.weight_version = 0
         # (pinned session, its computed tokens) whose KV this sequence was found to extend
         self.attach_hint: tuple[Sequence, int] | None = None
+        # False once new weights landed under this sequence's KV: its blocks hold KV of older
+        # weights (or attend to it) and never enter the prefix cache.
+        self.cacheable = True
 
     @property
     def session_id(self) -> str | None:

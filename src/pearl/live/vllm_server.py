@@ -23,6 +23,7 @@ from typing import Any
 from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry
 from pearl.control.rollout_engine import Capability, EngineCapabilities, EngineCapabilityError
 from pearl.engine.config import EngineConfig
+from pearl.errors import EngineStateError
 from pearl.live.server import ModelSpec
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -194,7 +195,14 @@ class VllmServer:
             path = os.path.join(folder, f"v{version}.safetensors")
             save_file({n: a for n, a in arrays.items()}, path)
             await self.engine.collective_rpc("pearl_load_weights", args=(path,))
-        await self.engine.reset_prefix_cache()  # cached KV was computed by the old weights
+        # Cached KV was computed by the old weights. vLLM resets the cache only with no
+        # request holding KV, unless running requests are reset too (they are preempted
+        # and recompute their KV under the new weights when they resume).
+        if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+            raise EngineStateError(
+                f"vLLM did not reset its prefix cache after weights v{version}: later "
+                "requests would start from KV of the old weights"
+            )
         self.version = version
         return version
 
