@@ -79,6 +79,7 @@ class StepRecord:
     # a session's kept KV); None until the batch is rolled out.
     prefill_tokens_computed: int | None = None
     prefill_tokens_cached: int | None = None
+    turns: int = 0  # turns the batch ran (set when it is rolled out)
     result: BatchResult | None = field(default=None, repr=False)  # see keep_results
     # Where the rollout workers' time went since the previous batch ended (worker-seconds
     # by use: prefill, decode, idle, ...), when the world measures it.
@@ -207,6 +208,7 @@ class PipelineScheduler:
         rec.result = result
         rec.rollout_tokens = result.generated_tokens
         rec.prefill_tokens_computed, rec.prefill_tokens_cached = result.prefill_tokens()
+        rec.turns = sum(len(t.turns) for t in result.trajectories)
         versions = [v for t in result.trajectories for v in t.weight_versions]
         rec.weight_versions = (min(versions), max(versions)) if versions else (0, 0)
         if self.listener is not None:

@@ -417,6 +417,9 @@ class Scheduler:
             if 0 < kept < seq.num_tokens:
                 seq.attach_hint = (pinned, kept)
         held = self._attachable_length(seq)
+        # Used up: kept, the hint's pinned sequence (and through its own hint every earlier
+        # turn of the session, with their contexts) would stay in memory as long as this one.
+        seq.attach_hint = None
         if held:
             assert seq.session_id is not None  # held KV is a pinned session's
             pinned = self.sessions.pop(seq.session_id)

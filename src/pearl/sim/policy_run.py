@@ -228,6 +228,10 @@ def _run_counters(plane, events: list[dict]) -> dict:
         **plane.counters(),
         "trainer_busy_s": plane.trainer.busy_s,
     }
+    counters["sim_iterations"] = sum(w.counters.iterations for w in plane.made)
+    counters["sim_fast_forwarded_iterations"] = sum(
+        w.counters.fast_forwarded_iterations for w in plane.made
+    )
     counters["time_by_worker_s"] = {
         w.worker_id: {str(k): v for k, v in w.counters.time_s.items() if v} for w in plane.made
     }
@@ -323,6 +327,7 @@ def run_policy(
             listener=breakdown,
         )
         counters = _run_counters(plane, events)
+        counters["sim_turns"] = sum(r.turns for r in records)
         for w in plane.all_workers():
             w.close()
         return records, t0, counters, breakdown.rows, active.timeline
