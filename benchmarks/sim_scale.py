@@ -13,7 +13,10 @@ turns), generated tokens, peak resident memory, and that peak less the process's
 before the run divided by the batch (memory per trajectory in flight); then the growth
 exponent of wall time and of memory in the batch size (least squares on log-log), and the
 decision engine's latency for 1,024 workers (median of 20 calls, prior parameters).
-Targets (issue 23): 512 workers x batch 4,096 in < 120 s and < 4 GB peak. Writes
+Then the headline paper-regime pearl run (4 reserved + up to 12 preemptible GPUs on
+segment2) for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak
+memory after 40 steps against after 5. Targets (issue 23): 512 workers x batch 4,096 in
+< 120 s and < 4 GB peak; memory after 40 steps within 10% of after 5. Writes
 ``results/sim_scale.json``.
 """
 
@@ -80,6 +83,23 @@ def one_step(model: str, workers: int, trace: str) -> dict:
     }
 
 
+def many_steps(duration_s: float) -> dict:
+    """``rl.duration_s`` of the paper-regime headline run (pearl, segment2): steps run and
+    the process's peak memory (a finished step keeps only its counts)."""
+    from pearl.apps.experiment import run_one
+    from pearl.config import load_simulate_config
+
+    cfg = load_simulate_config(CONFIG, [f"rl.duration_s={duration_s}"])
+    start = time.perf_counter()
+    r = run_one(cfg.model_dump(mode="json"), "pearl", "segment2")
+    return {
+        "duration_s": duration_s,
+        "steps": r["steps_run"],
+        "wall_s": time.perf_counter() - start,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
 def decision_latency_ms(model: str, workers: int = 1024, repeat: int = 20) -> float:
     """Median seconds of one ``decide`` call for ``workers`` workers (prior parameters)."""
     from pearl.config import load_simulate_config
@@ -112,6 +132,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["Qwen3-8B", "Qwen3-30B-A3B"])
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 128, 512])
+    parser.add_argument(
+        "--memory-durations",
+        type=float,
+        nargs="*",
+        default=[4000.0, 30000.0],
+        help="also run the headline pearl run (segment2) this long each (~5 and ~40 steps) "
+        "and compare peak memory; none to skip",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "sim_scale.json"))
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pearl-sim-scale-"))
@@ -148,6 +176,29 @@ def main() -> None:
                 f"{model}: wall ~ batch^{growth[model]['wall_exponent']:.2f}, memory above "
                 f"the process's start ~ batch^{growth[model]['memory_exponent']:.2f}"
             )
+    memory: list[dict] = []
+
+    def ran(key, row: dict) -> None:
+        memory.append(row)
+        print(
+            f"headline pearl run of {row['duration_s']:.0f} s: {row['steps']} steps, "
+            f"{row['wall_s']:.0f} s wall, peak {row['peak_mb']:.0f} MB",
+            flush=True,
+        )
+
+    run_in_processes(
+        many_steps,
+        [(d, (d,)) for d in args.memory_durations],
+        1,
+        ran,
+        lambda key, why: lost.__setitem__(f"{key} s", why),
+    )
+    if len(memory) >= 2:
+        first, last = memory[0], memory[-1]
+        print(
+            f"peak memory after {last['steps']} steps / after {first['steps']} steps: "
+            f"{last['peak_mb'] / first['peak_mb']:.3f}"
+        )
     latency = {m: decision_latency_ms(m) for m in args.models}
     for m, ms in latency.items():
         print(f"{m}: decision engine for 1,024 workers: {ms:.1f} ms (median of 20)")
@@ -158,6 +209,7 @@ def main() -> None:
         "rows": rows,
         "growth": growth,
         "decision_latency_ms_1024_workers": latency,
+        "memory_over_steps": memory,
         "lost": lost,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -338,10 +338,10 @@ def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_pa
     assert kept.name.startswith("rlboost@") and kept.name.endswith("late.csv.json")
 
 
-@pytest.mark.parametrize("kind", ["rollout", "rl", "train"])
+@pytest.mark.parametrize("kind", ["rollout", "rl", "train", "plan"])
 def test_config_show_prints_every_default_with_its_meaning_as_a_loadable_config(kind, tmp_path):
     from pearl.apps.train.config import TrainConfig
-    from pearl.config import RLExperimentConfig, SimulateConfig, load_config
+    from pearl.config import PlanConfig, RLExperimentConfig, SimulateConfig, load_config
 
     result = CliRunner().invoke(app, ["config", "show", kind])
     assert result.exit_code == 0, result.output
@@ -350,13 +350,18 @@ def test_config_show_prints_every_default_with_its_meaning_as_a_loadable_config(
     assert leaves and not undocumented
     path = tmp_path / "shown.yaml"
     path.write_text(result.output)
-    model = {"rollout": SimulateConfig, "rl": RLExperimentConfig, "train": TrainConfig}[kind]
+    model = {
+        "rollout": SimulateConfig,
+        "rl": RLExperimentConfig,
+        "train": TrainConfig,
+        "plan": PlanConfig,
+    }[kind]
     assert load_config(model, path) == model()  # the printout is the defaults, as a config
 
 
 def test_config_show_names_the_valid_kinds():
     result = CliRunner().invoke(app, ["config", "show", "rlx"])
-    assert result.exit_code == 2 and "valid: rollout, rl, train" in result.output
+    assert result.exit_code == 2 and "valid: rollout, rl, train, plan" in result.output
 
 
 def test_long_runs_report_progress_and_quiet_leaves_only_the_results(tmp_path):

@@ -178,6 +178,40 @@ def train(
     print(f"run folder: {outcome['run_dir']}")
 
 
+@app.command(context_settings={"allow_extra_args": True})
+def plan(
+    ctx: typer.Context,
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="YAML config (kind: plan, or an RL config such as configs/headline_paper.yaml)",
+    ),
+    resume: str | None = typer.Option(
+        None, "--resume", help="a plan folder to finish (its config; only missing runs run)"
+    ),
+) -> None:
+    """Which reserved pool, TP and policy to run, and what a trained token costs: every
+    policy over a grid of reserved pool sizes and TP degrees on the availability traces,
+    priced; prints the frontier and the recommendation (every key: pearl config show plan)."""
+    from pearl.apps.plan import load_plan_config, run_plan
+    from pearl.errors import PearlError, RunInterrupted, RunsLost
+
+    try:
+        cfg = load_plan_config(config, list(ctx.args))
+        outcome = run_plan(cfg, resume)
+    except RunsLost as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    except (RunInterrupted, KeyboardInterrupt) as exc:
+        typer.echo(f"interrupted: {exc}; pearl plan --resume <folder> finishes it", err=True)
+        raise typer.Exit(code=130) from None
+    except (PearlError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    print(f"{outcome.table}\n\n{outcome.recommendation}\nrun folder: {outcome.run_dir}")
+
+
 @app.command()
 def report(
     run_dir: str = typer.Argument(..., help="a simulated RL run folder (runs/<run>)"),
@@ -201,6 +235,7 @@ CONFIG_KINDS = {
     "rollout": "pearl simulate (kind: rollout): one rollout batch on fixed deployments",
     "rl": "pearl simulate kind=rl: whole RL runs of every policy on availability segments",
     "train": "pearl train: live asynchronous GRPO on a real model",
+    "plan": "pearl plan: the policies over reserved pool sizes and TP degrees, priced",
 }
 
 
@@ -210,7 +245,7 @@ def config_show(
 ) -> None:
     """Print a command's defaults as YAML, each key with what it means and its bounds
     (save it, edit it, pass it with --config)."""
-    from pearl.config import RLExperimentConfig, SimulateConfig, annotated_defaults
+    from pearl.config import PlanConfig, RLExperimentConfig, SimulateConfig, annotated_defaults
 
     if kind not in CONFIG_KINDS:
         typer.echo(f"error: unknown config {kind!r}; valid: {', '.join(CONFIG_KINDS)}", err=True)
@@ -220,7 +255,7 @@ def config_show(
 
         model: type = TrainConfig
     else:
-        model = RLExperimentConfig if kind == "rl" else SimulateConfig
+        model = {"rl": RLExperimentConfig, "plan": PlanConfig}.get(kind, SimulateConfig)
     print(annotated_defaults(model, f"defaults of {CONFIG_KINDS[kind]}"), end="")
 
 

@@ -28,8 +28,9 @@ class EngineConfig:
     device: str = "cpu"  # cpu, cuda or cuda:N (torch's names)
     dtype: str = "float32"  # weights and KV cache: float32 or bfloat16 (logits stay float32)
     seed: int = 0
-    # Drop pinned sessions and the prefix cache when new weights land with turns in flight
-    # (SGLang's update_weights flush_cache=True): continuing sessions re-prefill.
+    # Drop pinned sessions too when new weights land with turns in flight (SGLang's
+    # update_weights flush_cache=True): continuing sessions re-prefill. The prefix cache is
+    # emptied on every update either way (no request starts from the old weights' KV).
     flush_cache_on_weight_update: bool = False
 
     def scheduler_config(

@@ -361,3 +361,50 @@ def rollout_figure(rows: list[dict]) -> Any:
     right.set_title("where the workers' time went", fontsize=9)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
+
+
+def plan_figure(rows: list[dict], best: dict, policies: list[str], currency: str) -> Any:
+    """``pearl plan``: cost per million trained tokens against trained tokens per second,
+    one point per configuration (labelled reserved GPUs / TP), the frontier dashed and the
+    recommended configuration starred."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    for policy in policies:
+        mine = [r for r in rows if r["policy"] == policy]
+        ax.scatter(
+            [r["trained_tokens_per_s"] for r in mine],
+            [r["cost_per_million_tokens"] for r in mine],
+            label=display_name(policy),
+            s=28,
+        )
+        for r in mine:
+            ax.annotate(
+                f"r{r['reserved_gpus']}/tp{r['tp']}",
+                (r["trained_tokens_per_s"], r["cost_per_million_tokens"]),
+                fontsize=6,
+                xytext=(3, 2),
+                textcoords="offset points",
+            )
+    front = sorted((r for r in rows if r["frontier"]), key=lambda r: r["trained_tokens_per_s"])
+    ax.plot(
+        [r["trained_tokens_per_s"] for r in front],
+        [r["cost_per_million_tokens"] for r in front],
+        color="#777777",
+        linewidth=0.8,
+        linestyle="--",
+        label="frontier",
+    )
+    ax.scatter(
+        [best["trained_tokens_per_s"]],
+        [best["cost_per_million_tokens"]],
+        marker="*",
+        s=160,
+        facecolors="none",
+        edgecolors="black",
+        label="recommended",
+    )
+    ax.set_xlabel("trained tokens per second (over the availability traces)")
+    ax.set_ylabel(f"{currency} per million trained tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig

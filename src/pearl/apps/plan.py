@@ -1,0 +1,397 @@
+"""``pearl plan``: which rollout pool to reserve, which policy to run, and what a step costs.
+
+Every policy of the config runs on every availability trace (``elastic.segments``, or
+traces drawn from a spot-market model, ``plan.spot``) for every reserved pool size and TP
+degree of ``plan``; each run is a simulated RL run (``pearl.apps.experiment.run_one``).
+A configuration (policy, reserved GPUs, TP) is priced from its runs: the reserved pool and
+the training GPUs at ``plan.price_reserved`` for the whole run, the preemptible GPUs it
+held at ``plan.price_preemptible`` (a fixed larger pool, as ROLL-Large keeps, at the
+reserved price), against the tokens it trained. The frontier is the configurations no
+other beats on both trained tokens per second and cost per million trained tokens; the
+recommendation is the cheapest per trained token, with its margin to the runner-up, and
+the two are re-run on ``plan.check_seeds`` other workload seeds to show whether the
+ranking holds. Each finished run is kept in ``runs/`` at once; ``--resume`` runs only
+what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pearl.apps.experiment import run_one
+from pearl.apps.pool import run_in_processes
+from pearl.config import PlanConfig, dump_config, load_config
+from pearl.control.policies import Pool, get_policy
+from pearl.errors import ConfigError, RunsLost
+from pearl.report.progress import Progress
+from pearl.report.run_folder import default_run_name
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class Point:
+    """One configuration of the grid."""
+
+    policy: str
+    reserved: int
+    tp: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy} r{self.reserved} tp{self.tp}"
+
+
+@dataclass(slots=True)
+class PlanOutcome:
+    run_dir: str
+    rows: list[dict]
+    table: str
+    recommendation: str
+
+
+def grid(cfg: PlanConfig) -> tuple[list[Point], list[str]]:
+    """The configurations to run, and a note for each (reserved, TP) pair left out."""
+    points, skipped = [], []
+    for tp in cfg.plan.tp:
+        for reserved in cfg.plan.reserved_gpus:
+            if reserved % tp or cfg.cluster.training_gpus % tp:
+                skipped.append(
+                    f"reserved {reserved} at TP{tp}: the reserved pool and the "
+                    f"{cfg.cluster.training_gpus} training GPUs must be multiples of the TP"
+                )
+                continue
+            points += [Point(p, reserved, tp) for p in cfg.policies]
+    if not points:
+        raise ConfigError("plan: no (reserved_gpus, tp) pair is valid; " + "; ".join(skipped))
+    return points, skipped
+
+
+def availability_traces(cfg: PlanConfig, folder: Path) -> list[str]:
+    """The traces every configuration runs on: ``elastic.segments``, or ``plan.spot``'s
+    random traces written as CSV files in the run folder."""
+    spot = cfg.plan.spot
+    if spot is None:
+        return list(cfg.elastic.segments)
+    from pearl.workloads.availability import SyntheticAvailability, synthetic_availability
+
+    market = SyntheticAvailability(
+        duration_s=spot.duration_s,
+        max_available=spot.max_available,
+        mean_change_interval_s=3600.0 / spot.changes_per_hour,
+    )
+    out = []
+    (folder / "spot").mkdir(parents=True, exist_ok=True)
+    for seed in range(spot.traces):
+        trace = synthetic_availability(market, seed)
+        path = folder / "spot" / f"spot{seed}.csv"
+        lines = ["time_s,available"] + [
+            f"{t:g},{v}" for t, v in zip(trace.times_s, trace.values, strict=True)
+        ]
+        if trace.end_s > trace.times_s[-1]:
+            lines.append(f"{trace.end_s:g},{trace.values[-1]}")
+        path.write_text("\n".join(lines) + "\n")
+        out.append(str(path))
+    return out
+
+
+def _job_config(cfg: PlanConfig, point: Point, seed: int) -> dict:
+    data = cfg.model_dump(mode="json")
+    data["kind"] = "rl"
+    data.pop("plan")
+    data["cluster"].update(reserved_gpus=point.reserved, tp=point.tp)
+    data["workload"]["seed"] = seed
+    data["policies"] = [point.policy]
+    return data
+
+
+def _key(point: Point, segment: str, seed: int) -> str:
+    name = Path(segment).stem if segment.endswith(".csv") else segment
+    return f"{point.policy}@r{point.reserved}-tp{point.tp}@{name}@seed{seed}"
+
+
+def price(run: dict, point: Point, cfg: PlanConfig) -> dict:
+    """A run's trained tokens, GPU-hours and cost (whole counted window)."""
+    counted = [row for row in run["rows"] if row.get("counted", True)]
+    elapsed = max((row["time_s"] for row in counted), default=0.0)
+    trained = sum(row["performance/train_tokens"] for row in counted)
+    extra = 0.0  # GPU-seconds beyond the reserved pool the policy held
+    levels = run["rollout_gpus"]
+    for k, (t, gpus) in enumerate(levels):
+        end = levels[k + 1][0] if k + 1 < len(levels) else elapsed
+        lo, hi = min(t, elapsed), min(end, elapsed)
+        extra += max(0, gpus - point.reserved) * max(0.0, hi - lo)
+    fixed_pool = get_policy(point.policy).pool is Pool.FIXED
+    extra_price = cfg.plan.price_reserved if fixed_pool else cfg.plan.price_preemptible
+    hours = elapsed / 3600
+    owned = point.reserved + cfg.cluster.training_gpus
+    cost = owned * hours * cfg.plan.price_reserved + extra / 3600 * extra_price
+    c = run["counters"]
+    return {
+        "elapsed_s": elapsed,
+        "trained_tokens": trained,
+        "cost": cost,
+        "extra_gpu_s": extra,
+        "turns_cut": c.get("turns_cut_by_shrinks", 0),
+        "tokens_discarded": c.get("tokens_discarded", 0),
+    }
+
+
+def summarize(point: Point, priced: list[dict]) -> dict:
+    """One configuration over its traces: tokens per second, cost per million trained
+    tokens (total cost over total tokens) and preemption losses per hour."""
+    seconds = sum(p["elapsed_s"] for p in priced)
+    tokens = sum(p["trained_tokens"] for p in priced)
+    cost = sum(p["cost"] for p in priced)
+    hours = seconds / 3600 if seconds else float("nan")
+    return {
+        "policy": point.policy,
+        "reserved_gpus": point.reserved,
+        "tp": point.tp,
+        "runs": len(priced),
+        "trained_tokens_per_s": tokens / seconds if seconds else 0.0,
+        "cost_per_hour": cost / hours if seconds else float("nan"),
+        "cost_per_million_tokens": cost / tokens * 1e6 if tokens else float("inf"),
+        "preemptible_gpus_held": sum(p["extra_gpu_s"] for p in priced) / seconds
+        if seconds
+        else 0.0,
+        "turns_cut_per_hour": sum(p["turns_cut"] for p in priced) / hours if seconds else 0.0,
+        "tokens_discarded_per_hour": sum(p["tokens_discarded"] for p in priced) / hours
+        if seconds
+        else 0.0,
+    }
+
+
+def mark_frontier(rows: list[dict]) -> None:
+    """``frontier``: no other configuration trains faster at no higher cost per token."""
+    for r in rows:
+        r["frontier"] = not any(
+            o is not r
+            and o["trained_tokens_per_s"] >= r["trained_tokens_per_s"]
+            and o["cost_per_million_tokens"] <= r["cost_per_million_tokens"]
+            and (
+                o["trained_tokens_per_s"] > r["trained_tokens_per_s"]
+                or o["cost_per_million_tokens"] < r["cost_per_million_tokens"]
+            )
+            for o in rows
+        )
+
+
+def ranked(rows: list[dict]) -> list[dict]:
+    """Cheapest per trained token first; ties to the faster."""
+    return sorted(rows, key=lambda r: (r["cost_per_million_tokens"], -r["trained_tokens_per_s"]))
+
+
+def plan_table(rows: list[dict], currency: str) -> str:
+    lines = [
+        f"| policy | reserved GPUs | TP | trained tok/s | {currency}/h | {currency} per M trained "
+        "tokens | preemptible GPUs held | turns cut by preemption /h | tokens discarded /h "
+        "| frontier |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in ranked(rows):
+        lines.append(
+            f"| {r['policy']} | {r['reserved_gpus']} | {r['tp']} | "
+            f"{r['trained_tokens_per_s']:,.0f} | {r['cost_per_hour']:,.2f} | "
+            f"{r['cost_per_million_tokens']:,.3f} | {r['preemptible_gpus_held']:.1f} | "
+            f"{r['turns_cut_per_hour']:.1f} | {r['tokens_discarded_per_hour']:,.0f} | "
+            f"{'yes' if r['frontier'] else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def _open_folder(cfg: PlanConfig, resume: str | None) -> tuple[PlanConfig, Path]:
+    if resume is not None:
+        folder = Path(resume)
+        if not (folder / "config.yaml").is_file():
+            raise ConfigError(f"--resume {resume}: not a pearl plan folder (no config.yaml)")
+        return load_config(PlanConfig, folder / "config.yaml"), folder
+    folder = Path(cfg.logger.run_dir) / (cfg.logger.run_name or default_run_name("plan-"))
+    if (folder / "config.yaml").exists():
+        raise ConfigError(
+            f"{folder} already holds a plan; continue it with --resume {folder}, or choose "
+            "another logger.run_name"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(dump_config(cfg))
+    return cfg, folder
+
+
+def run_plan(
+    cfg: PlanConfig, resume: str | None = None, log: Callable[[str], None] = logger.info
+) -> PlanOutcome:
+    """Run (or finish) the grid, then write ``plan.json``, ``plan.md``, the figure and
+    ``report.html``; returns the table and the recommendation."""
+    cfg, folder = _open_folder(cfg, resume)
+    points, skipped = grid(cfg)
+    for note in skipped:
+        log(f"skipped: {note}")
+    traces = availability_traces(cfg, folder)
+    kept = folder / "runs"
+    kept.mkdir(exist_ok=True)
+    seed = cfg.workload.seed
+    runs: dict[str, dict] = {}
+    lost: dict[str, str] = {}
+
+    def run_all(jobs: list[tuple[Point, str, int]], what: str) -> None:
+        todo = []
+        for point, segment, s in jobs:
+            key = _key(point, segment, s)
+            path = kept / f"{key}.json"
+            if path.is_file():
+                runs[key] = json.loads(path.read_text())
+            else:
+                todo.append((key, (_job_config(cfg, point, s), point.policy, segment)))
+        if not todo:
+            return
+        log(f"{what}: {len(todo)} runs ({len(jobs) - len(todo)} kept) in {cfg.processes} processes")
+        with Progress(len(todo), what) as bar:
+
+            def finished(key, result: dict) -> None:
+                partial = kept / f"{key}.part"
+                partial.write_text(json.dumps(result, sort_keys=True) + "\n")
+                partial.replace(kept / f"{key}.json")
+                runs[key] = result
+                bar.advance(f"{key}: {result['throughput']:,.0f} tok/s")
+
+            def died(key, why: str) -> None:
+                lost[key] = why
+                bar.advance(f"{key} lost: {why}")
+
+            run_in_processes(run_one, todo, cfg.processes, finished, died)
+
+    run_all([(p, t, seed) for p in points for t in traces], "plan grid")
+    if lost:
+        raise RunsLost(
+            f"{len(lost)} runs lost ({'; '.join(f'{k}: {w}' for k, w in lost.items())}); the "
+            f"finished ones are kept: pearl plan --resume {folder} runs the rest"
+        )
+    rows = [summarize(p, [price(runs[_key(p, t, seed)], p, cfg) for t in traces]) for p in points]
+    mark_frontier(rows)
+    order = ranked(rows)
+    best, runner = order[0], order[1] if len(order) > 1 else None
+    checks = _check_ranking(cfg, points, traces, best, runner, run_all, runs)
+    if lost:
+        raise RunsLost(
+            f"{len(lost)} seed-check runs lost ({'; '.join(f'{k}: {w}' for k, w in lost.items())}); "
+            f"pearl plan --resume {folder} runs them again"
+        )
+    recommendation = _recommendation(best, runner, checks, cfg.plan.currency)
+    table = plan_table(rows, cfg.plan.currency)
+    (folder / "plan.md").write_text(f"{table}\n\n{recommendation}\n")
+    (folder / "plan.json").write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "recommended": best,
+                "runner_up": runner,
+                "seed_checks": checks,
+                "traces": traces,
+                "skipped": skipped,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    _write_report(cfg, folder, rows, best, table, recommendation)
+    log(recommendation)
+    return PlanOutcome(str(folder), rows, table, recommendation)
+
+
+def _check_ranking(cfg, points, traces, best, runner, run_all, runs) -> list[dict]:
+    """The best two configurations again on other workload seeds: cost per million trained
+    tokens of each, and whether the recommended one stays ahead."""
+    if runner is None or not cfg.plan.check_seeds:
+        return []
+    pair = [
+        next(p for p in points if (p.policy, p.reserved, p.tp) == key)
+        for key in (
+            (best["policy"], best["reserved_gpus"], best["tp"]),
+            (runner["policy"], runner["reserved_gpus"], runner["tp"]),
+        )
+    ]
+    seeds = [cfg.workload.seed + k for k in range(1, cfg.plan.check_seeds + 1)]
+    run_all([(p, t, s) for s in seeds for p in pair for t in traces], "ranking check")
+    out = []
+    for s in seeds:
+        costs = [
+            summarize(p, [price(runs[_key(p, t, s)], p, cfg) for t in traces])[
+                "cost_per_million_tokens"
+            ]
+            for p in pair
+        ]
+        out.append(
+            {
+                "seed": s,
+                "recommended": costs[0],
+                "runner_up": costs[1],
+                "holds": costs[0] <= costs[1],
+            }
+        )
+    return out
+
+
+def _recommendation(best: dict, runner: dict | None, checks: list[dict], currency: str) -> str:
+    text = (
+        f"Recommended: {best['policy']} with {best['reserved_gpus']} reserved GPUs at "
+        f"TP{best['tp']}: {best['cost_per_million_tokens']:,.3f} {currency} per million trained "
+        f"tokens, {best['trained_tokens_per_s']:,.0f} trained tokens/s."
+    )
+    if runner is not None:
+        margin = runner["cost_per_million_tokens"] / best["cost_per_million_tokens"] - 1
+        text += (
+            f" Runner-up: {runner['policy']} with {runner['reserved_gpus']} reserved at "
+            f"TP{runner['tp']}, {100 * margin:.1f}% dearer per trained token."
+        )
+    if checks:
+        held = sum(c["holds"] for c in checks)
+        text += (
+            f" On {len(checks)} other workload seeds the ranking held {held} of {len(checks)} "
+            "times ("
+            + ", ".join(
+                f"seed {c['seed']}: {c['recommended']:,.3f} vs {c['runner_up']:,.3f}"
+                for c in checks
+            )
+            + ")."
+        )
+    return text
+
+
+def _write_report(cfg, folder: Path, rows, best, table: str, recommendation: str) -> None:
+    from pearl.report.figures import plan_figure, save
+    from pearl.report.html import Section, write_report
+
+    fig = plan_figure(rows, best, cfg.policies, cfg.plan.currency)
+    png = save(fig, folder, "plan")[0]
+    write_report(
+        folder,
+        f"PEARL plan: {cfg.model.name}, workload {cfg.workload.trace or cfg.workload.profile}",
+        f"{len(rows)} configurations ({len(cfg.policies)} policies x reserved "
+        f"{cfg.plan.reserved_gpus} x TP {cfg.plan.tp}); reserved GPU "
+        f"{cfg.plan.price_reserved} and preemptible {cfg.plan.price_preemptible} "
+        f"{cfg.plan.currency} per GPU-hour.",
+        [
+            Section("Recommendation", text=recommendation),
+            Section("Frontier", tables=[table], figures=[(png, "cost against speed")]),
+        ],
+    )
+
+
+def load_plan_config(path: str | None, overrides: list[str]) -> PlanConfig:
+    """``pearl plan``'s config: the YAML file (``kind: plan``, or an RL config, whose other
+    sections it shares) with overrides."""
+    raw_kind = None
+    if path is not None and Path(path).is_file():
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw_kind = raw.get("kind") if isinstance(raw, dict) else None
+        except yaml.YAMLError:
+            raw_kind = None
+    extra = ["kind=plan"] if raw_kind in ("rl", None) else []
+    return load_config(PlanConfig, path, extra + overrides)

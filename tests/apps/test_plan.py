@@ -1,0 +1,127 @@
+"""``pearl plan``: a tiny grid end to end, resuming, pricing, bad grids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from pearl.apps.plan import Point, mark_frontier, price
+from pearl.cli import app
+from pearl.config import PlanConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def plan_args(tmp_path, name: str, *extra: str) -> list[str]:
+    return [
+        "plan",
+        "--config",
+        str(CONFIGS / "headline.yaml"),
+        "rl.duration_s=60",
+        "workload.profile=tiny",
+        "policies=[roll,pearl]",
+        "elastic.segments=[segment2]",
+        "plan.reserved_gpus=[4,8]",
+        "plan.tp=[2]",
+        "plan.check_seeds=1",
+        "processes=2",
+        f"logger.run_dir={tmp_path}",
+        f"logger.run_name={name}",
+        *extra,
+    ]
+
+
+def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_path):
+    result = CliRunner().invoke(app, plan_args(tmp_path, "p"))
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "p"
+    plan = json.loads((folder / "plan.json").read_text())
+    assert len(plan["rows"]) == 4  # 2 policies x 2 pool sizes x 1 TP
+    assert any(r["frontier"] for r in plan["rows"])
+    best = plan["recommended"]
+    assert best["cost_per_million_tokens"] == min(
+        r["cost_per_million_tokens"] for r in plan["rows"]
+    )
+    assert "Recommended: " in result.output and "Runner-up" in result.output
+    assert len(plan["seed_checks"]) == 1 and plan["seed_checks"][0]["seed"] == 1
+    kept = sorted(p.name for p in (folder / "runs").iterdir())
+    assert len(kept) == 4 + 2  # the grid, then the best two on one more seed
+    assert (folder / "report.html").is_file() and (folder / "plan.png").is_file()
+    # Resuming a finished plan runs nothing again and gives the same table.
+    stamps = {p.name: p.stat().st_mtime_ns for p in (folder / "runs").iterdir()}
+    again = CliRunner().invoke(app, ["plan", "--resume", str(folder)])
+    assert again.exit_code == 0, again.output
+    assert {p.name: p.stat().st_mtime_ns for p in (folder / "runs").iterdir()} == stamps
+    assert json.loads((folder / "plan.json").read_text())["rows"] == plan["rows"]
+    # An interrupted plan resumes: remove one kept run and only it runs again.
+    (folder / "runs" / kept[0]).unlink()
+    third = CliRunner().invoke(app, ["plan", "--resume", str(folder)])
+    assert third.exit_code == 0, third.output
+    assert sorted(p.name for p in (folder / "runs").iterdir()) == kept
+    rerun = [p.name for p in (folder / "runs").iterdir() if p.stat().st_mtime_ns != stamps[p.name]]
+    assert rerun == [kept[0]]
+    # The same folder is not silently reused for a new plan.
+    clash = CliRunner().invoke(app, plan_args(tmp_path, "p"))
+    assert clash.exit_code == 2 and "--resume" in clash.output
+
+
+def test_a_spot_market_model_replaces_the_segments(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        plan_args(
+            tmp_path,
+            "spot",
+            "policies=[pearl]",
+            "plan.reserved_gpus=[4]",
+            "plan.check_seeds=0",
+            "plan.spot.max_available=6",
+            "plan.spot.changes_per_hour=30",
+            "plan.spot.traces=2",
+        ),
+    )
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "spot" / "plan.json").read_text())
+    assert [Path(t).name for t in plan["traces"]] == ["spot0.csv", "spot1.csv"]
+    assert plan["rows"][0]["runs"] == 2
+
+
+def test_a_grid_with_no_valid_pair_is_refused_naming_why(tmp_path):
+    result = CliRunner().invoke(app, plan_args(tmp_path, "bad", "plan.reserved_gpus=[3]"))
+    assert result.exit_code == 2
+    assert "reserved 3 at TP2" in result.output and "multiples of the TP" in result.output
+    bad = CliRunner().invoke(app, plan_args(tmp_path, "bad2", "plan.price_reserved=-1"))
+    assert bad.exit_code == 2 and "plan.price_reserved" in bad.output
+
+
+def test_price_charges_reserved_and_training_gpus_and_the_preemptible_gpus_held():
+    cfg = PlanConfig.model_validate(
+        {"cluster": {"training_gpus": 8}, "plan": {"price_reserved": 3.0, "price_preemptible": 1.0}}
+    )
+    run = {
+        # 4 reserved for the first half hour, 4 more preemptible for the second
+        "rollout_gpus": [[0.0, 4], [1800.0, 8]],
+        "rows": [
+            {"time_s": 1800.0, "counted": True, "performance/train_tokens": 1000},
+            {"time_s": 3600.0, "counted": True, "performance/train_tokens": 2000},
+            {"time_s": 5000.0, "counted": False, "performance/train_tokens": 9999},
+        ],
+        "counters": {"turns_cut_by_shrinks": 2, "tokens_discarded": 50},
+    }
+    p = price(run, Point("pearl", 4, 2), cfg)
+    assert p["elapsed_s"] == 3600.0 and p["trained_tokens"] == 3000
+    assert p["extra_gpu_s"] == 4 * 1800.0
+    assert p["cost"] == (4 + 8) * 1.0 * 3.0 + 4 * 0.5 * 1.0
+    # A fixed larger pool (ROLL-Large) pays the reserved price for its extra GPUs.
+    assert price(run, Point("roll-large", 4, 2), cfg)["cost"] == (4 + 8) * 3.0 + 4 * 0.5 * 3.0
+
+
+def test_the_frontier_keeps_what_nothing_beats_on_both_speed_and_cost():
+    rows = [
+        {"trained_tokens_per_s": 10.0, "cost_per_million_tokens": 5.0},
+        {"trained_tokens_per_s": 20.0, "cost_per_million_tokens": 6.0},
+        {"trained_tokens_per_s": 15.0, "cost_per_million_tokens": 7.0},  # beaten by the second
+    ]
+    mark_frontier(rows)
+    assert [r["frontier"] for r in rows] == [True, True, False]
