@@ -14,11 +14,11 @@ from pearl.config import PlanConfig
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def plan_args(tmp_path, name: str, *extra: str) -> list[str]:
+def plan_args(tmp_path, name: str, *extra: str, config: str = "headline.yaml") -> list[str]:
     return [
         "plan",
         "--config",
-        str(CONFIGS / "headline.yaml"),
+        str(CONFIGS / config),
         "rl.duration_s=60",
         "workload.profile=tiny",
         "policies=[roll,pearl]",
@@ -34,11 +34,20 @@ def plan_args(tmp_path, name: str, *extra: str) -> list[str]:
 
 
 def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_path):
-    result = CliRunner().invoke(app, plan_args(tmp_path, "p"))
+    """The README's command, on the paper-regime config, shortened to a tiny workload."""
+    args = plan_args(
+        tmp_path,
+        "p",
+        "policies=[roll,rlboost,pearl]",
+        "plan.tp=[2,4]",
+        config="headline_paper.yaml",
+    )
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     folder = tmp_path / "p"
     plan = json.loads((folder / "plan.json").read_text())
-    assert len(plan["rows"]) == 4  # 2 policies x 2 pool sizes x 1 TP
+    assert len(plan["rows"]) == 12  # 3 policies x 2 pool sizes x 2 TP degrees
+    assert {(r["reserved_gpus"], r["tp"]) for r in plan["rows"]} == {(4, 2), (8, 2), (4, 4), (8, 4)}
     assert any(r["frontier"] for r in plan["rows"])
     best = plan["recommended"]
     assert best["cost_per_million_tokens"] == min(
@@ -47,7 +56,7 @@ def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_pa
     assert "Recommended: " in result.output and "Runner-up" in result.output
     assert len(plan["seed_checks"]) == 1 and plan["seed_checks"][0]["seed"] == 1
     kept = sorted(p.name for p in (folder / "runs").iterdir())
-    assert len(kept) == 4 + 2  # the grid, then the best two on one more seed
+    assert len(kept) == 12 + 2  # the grid, then the best two on one more seed
     assert (folder / "report.html").is_file() and (folder / "plan.png").is_file()
     # Resuming a finished plan runs nothing again and gives the same table.
     stamps = {p.name: p.stat().st_mtime_ns for p in (folder / "runs").iterdir()}
@@ -63,7 +72,7 @@ def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_pa
     rerun = [p.name for p in (folder / "runs").iterdir() if p.stat().st_mtime_ns != stamps[p.name]]
     assert rerun == [kept[0]]
     # The same folder is not silently reused for a new plan.
-    clash = CliRunner().invoke(app, plan_args(tmp_path, "p"))
+    clash = CliRunner().invoke(app, args)
     assert clash.exit_code == 2 and "--resume" in clash.output
 
 
