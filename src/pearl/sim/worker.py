@@ -29,6 +29,7 @@ from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
+from pearl.workloads.token_ids import id_walk
 
 
 class IterationCost(Protocol):
@@ -111,10 +112,12 @@ class WorkerCounters:
         return out
 
 
-def synthetic_token(session_id: str, position: int, vocab_size: int) -> int:
-    """Deterministic stand-in for a sampled token: differs across sessions and positions,
-    so siblings diverge after their shared prompt, as real samples do."""
-    return 1 + (zlib.crc32(session_id.encode()) + position * 2654435761) % (vocab_size - 1)
+def synthetic_tokens(session_id: str, position: int, n: int, vocab_size: int) -> list[int]:
+    """Deterministic stand-ins for ``n`` sampled tokens from ``position`` on: a walk through
+    a fixed permutation of ``[1, vocab_size)`` keyed by the session, so two sessions' tokens
+    differ at every position (siblings diverge after their shared prompt, as real samples
+    do) and no new int objects are made."""
+    return id_walk(vocab_size, 1, zlib.crc32(session_id.encode()) + position, n)
 
 
 class SimulatedWorker:
@@ -393,8 +396,9 @@ class SimulatedWorker:
 
     def _postprocess(self, out: SchedulerOutput, now: float) -> list[RequestOutput]:
         samplers = out.sampling_sequences()
+        vocab = self.vocab_size
         tokens = [
-            synthetic_token(s.session_id or s.request_id, s.num_tokens, self.vocab_size)
+            synthetic_tokens(s.request.session_id or s.request_id, len(s.token_ids), 1, vocab)[0]
             for s in samplers
         ]
         return self.scheduler.postprocess(
@@ -528,19 +532,17 @@ class SimulatedWorker:
         if steps <= 1:
             return
         blocks = self.blocks
-        bs, m, n = blocks.block_size, self.vocab_size - 1, steps - 1
+        bs, vocab, n = blocks.block_size, self.vocab_size, steps - 1
         zeros = [0.0] * n
         for seq in out.decodes:
             ids = seq.token_ids
             base = len(ids)
-            # synthetic_token for positions base .. base + steps - 2, inlined (hot loop)
-            c = zlib.crc32((seq.request.session_id or seq.request_id).encode())
             if len(seq.block_table) * bs < base + n:  # blocks.allocate, only when it grows
                 blocks.allocate(seq, base + n)
             if seq.telemetry.first_token_at is None and base == seq.num_prompt_tokens:
                 seq.telemetry.first_token_at = asyncio.get_running_loop().time()
             seq.num_computed_tokens += n
-            ids.extend([1 + (c + p * 2654435761) % m for p in range(base, base + n)])
+            ids.extend(synthetic_tokens(seq.request.session_id or seq.request_id, base, n, vocab))
             seq.output_logprobs.extend(zeros)
             if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block filled
                 blocks.commit(seq)

@@ -33,9 +33,16 @@ def _ids(n: int, vocab_size: int, first_id: int, entropy: list[int]) -> list[int
     # as fresh draws, distinct keys give sequences that differ at every position, and a
     # list slice costs ~1/15 of seeding a numpy Generator per call (which was ~10% of a
     # simulated RL run).
-    pool = _id_pool(vocab_size, first_id)
     digest = hashlib.blake2b(repr(entropy).encode(), digest_size=8).digest()
-    start = int.from_bytes(digest, "little") % len(pool)
+    return id_walk(vocab_size, first_id, int.from_bytes(digest, "little"), n)
+
+
+def id_walk(vocab_size: int, first_id: int, start: int, n: int) -> list[int]:
+    """``n`` ids of the fixed random permutation of ``[first_id, vocab_size)`` from position
+    ``start`` (mod its length) on, wrapping around. Two walks from different starts differ
+    at every position (until a wrap), and the ids are shared objects: a slice, no new ints."""
+    pool = _id_pool(vocab_size, first_id)
+    start %= len(pool)
     out = pool[start : start + n]
     while len(out) < n:
         out += pool[: n - len(out)]
