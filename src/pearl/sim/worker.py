@@ -29,7 +29,7 @@ from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
-from pearl.workloads.token_ids import id_walk
+from pearl.workloads.token_ids import id_pool, id_walk
 
 
 class IterationCost(Protocol):
@@ -396,9 +396,14 @@ class SimulatedWorker:
 
     def _postprocess(self, out: SchedulerOutput, now: float) -> list[RequestOutput]:
         samplers = out.sampling_sequences()
-        vocab = self.vocab_size
+        # synthetic_tokens for one token each, inlined (hot: every iteration's samplers)
+        pool = id_pool(self.vocab_size, 1)
+        size = len(pool)
         tokens = [
-            synthetic_tokens(s.request.session_id or s.request_id, len(s.token_ids), 1, vocab)[0]
+            pool[
+                (zlib.crc32((s.request.session_id or s.request_id).encode()) + len(s.token_ids))
+                % size
+            ]
             for s in samplers
         ]
         return self.scheduler.postprocess(
@@ -474,18 +479,24 @@ class SimulatedWorker:
 
     def _steps_until_change(self, decodes: list[EngineSequence]) -> int:
         max_len = self.scheduler.config.max_model_len
-        steps = min(
-            min(s.sampling.max_new_tokens - s.num_output_tokens, max_len - s.num_tokens)
-            for s in decodes
-        )
+        steps = max_len
+        lengths = []  # (tokens, blocks held) of each sequence
+        for s in decodes:  # hot: one pass, no properties
+            n = len(s.token_ids)
+            left = s.sampling.max_new_tokens - (n - s.num_prompt_tokens)
+            steps = min(steps, left, max_len - n)
+            lengths.append((n, len(s.block_table)))
         # Never run past the blocks available: stepping would preempt there.
         bs = self.blocks.block_size
         free = self.blocks.num_free_blocks
 
         def need(k: int) -> int:
-            return sum(
-                max(0, -(-(s.num_tokens + k - 1) // bs) - len(s.block_table)) for s in decodes
-            )
+            total = 0
+            for n, held in lengths:
+                extra = -(-(n + k - 1) // bs) - held
+                if extra > 0:
+                    total += extra
+            return total
 
         if need(steps) <= free:
             return steps  # the common case: memory is not the limit

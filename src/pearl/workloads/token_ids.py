@@ -41,7 +41,7 @@ def id_walk(vocab_size: int, first_id: int, start: int, n: int) -> list[int]:
     """``n`` ids of the fixed random permutation of ``[first_id, vocab_size)`` from position
     ``start`` (mod its length) on, wrapping around. Two walks from different starts differ
     at every position (until a wrap), and the ids are shared objects: a slice, no new ints."""
-    pool = _id_pool(vocab_size, first_id)
+    pool = id_pool(vocab_size, first_id)
     start %= len(pool)
     out = pool[start : start + n]
     while len(out) < n:
@@ -50,7 +50,9 @@ def id_walk(vocab_size: int, first_id: int, start: int, n: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _id_pool(vocab_size: int, first_id: int) -> list[int]:
+def id_pool(vocab_size: int, first_id: int) -> list[int]:
+    """The fixed random permutation of ``[first_id, vocab_size)`` the ids walk (shared:
+    never modify it)."""
     return np.random.default_rng(0).permutation(np.arange(first_id, vocab_size)).tolist()
 
 
