@@ -42,6 +42,29 @@ def test_prefix_must_match_token_ids_not_only_position():
     assert bm.attach_prefix(other) == 4
 
 
+def test_a_hash_collision_never_attaches_wrong_kv_unless_verification_is_off(monkeypatch):
+    """The engine compares a hit's token ids; the simulator (``verify_tokens=False``, its KV
+    is not real) trusts the chain hash and keeps no ids."""
+    import pearl.engine.block_manager as bmod
+
+    for verify in (True, False):
+        bm = BlockManager(num_blocks=16, block_size=4, verify_tokens=verify)
+        compute_all(bm, make_seq([1, 2, 3, 4, 5]))
+        assert bm._tokens[0] == ((1, 2, 3, 4) if verify else ())
+        # A different block that hashes the same (forced): refused only when verified.
+        collide = {(bmod.NO_HASH, (1, 2, 3, 4)), (bmod.NO_HASH, (7, 7, 7, 7))}
+        monkeypatch.setattr(
+            bmod,
+            "chain_hash",
+            lambda prev, t, collide=collide: (
+                42 if (prev, tuple(t)) in collide else hash((prev, tuple(t)))
+            ),
+        )
+        monkeypatch.setattr(bm, "_by_hash", {42: 0})
+        assert len(bm.match_prefix([7, 7, 7, 7, 9], 4)) == (0 if verify else 1)
+        monkeypatch.undo()
+
+
 def test_lru_eviction_takes_unreferenced_cached_blocks_only_when_free_blocks_run_out():
     bm = BlockManager(num_blocks=4, block_size=2)
     a = make_seq([1, 2, 3, 4, 5])

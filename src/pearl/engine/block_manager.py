@@ -29,13 +29,17 @@ class OutOfBlocks(Exception):
 class BlockManager:
     """Allocates KV blocks to sequences; owns the prefix cache."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, verify_tokens: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1"
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # Keep each cached block's token ids and compare them on a hit, so a hash collision
+        # can never attach the wrong KV (the engine). The simulator, where KV is not real,
+        # trusts the 64-bit chain hash and saves the ids' memory (~60% of its prefix cache).
+        self.verify_tokens = verify_tokens
         # Per-block state in parallel lists (cheap to create for 10^5 blocks per worker).
         self._ref = [0] * num_blocks
         self._hash = [NO_HASH] * num_blocks
@@ -71,7 +75,7 @@ class BlockManager:
             tokens = tuple(token_ids[start : start + bs])
             h = chain_hash(prev, tokens)
             block_id = self._by_hash.get(h)
-            if block_id is None or self._tokens[block_id] != tokens:
+            if block_id is None or (self.verify_tokens and self._tokens[block_id] != tokens):
                 break
             found.append(block_id)
             prev = h
@@ -105,6 +109,7 @@ class BlockManager:
         prev = hashes[table[seq.num_hashed_blocks - 1]] if seq.num_hashed_blocks else NO_HASH
         first = seq.num_hashed_blocks
         span = tuple(ids[first * bs : full * bs])  # one copy; per-block tuples are slices of it
+        verify = self.verify_tokens
         for i in range(first, full):
             block_id = table[i]
             offset = (i - first) * bs
@@ -112,7 +117,8 @@ class BlockManager:
             h = hash((prev, tokens))  # chain_hash, inlined: this loop is hot in the simulator
             if hashes[block_id] == NO_HASH:
                 hashes[block_id] = h
-                self._tokens[block_id] = tokens
+                if verify:
+                    self._tokens[block_id] = tokens
                 # A duplicate of an already cached block stays private; the first copy wins.
                 self._by_hash.setdefault(h, block_id)
             prev = h

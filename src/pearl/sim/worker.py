@@ -142,7 +142,7 @@ class SimulatedWorker:
         self.counters = WorkerCounters()
         self._on_iteration = on_iteration
         cfg = self.config
-        self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size)
+        self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size, verify_tokens=False)
         self.scheduler = Scheduler(
             cfg.scheduler_config(cfg.max_model_len, _engine_role(role)),
             self.blocks,
