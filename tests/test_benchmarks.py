@@ -203,3 +203,25 @@ def test_gpu_check_compares_the_engine_with_transformers_on_any_device(tmp_path,
     rows = json.loads(out.read_text())
     assert [r["dtype"] for r in rows] == ["float32", "bfloat16"] and all(r["ok"] for r in rows)
     assert rows[0]["max_logit_diff"] < 1e-4 and rows[0]["greedy_tokens_equal"] == 16
+
+
+def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
+    """The scale benchmark at its smallest: one size, no long runs; every row complete."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "scale.json"
+    args = ["--workers", "2", "4", "--models", "Qwen3-8B", "--memory-durations", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sim_scale.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert not res["lost"]
+    assert [(r["workers"], r["batch"], r["steps"]) for r in res["rows"]] == [(2, 16, 1), (4, 32, 1)]
+    assert all(r["iterations"] > 0 and r["turns"] > 0 and r["peak_mb"] > 0 for r in res["rows"])
+    assert "Qwen3-8B" in res["growth"] and res["decision_latency_ms_1024_workers"]["Qwen3-8B"] > 0
