@@ -452,6 +452,20 @@ class CostModel:
         tokens longer; equals ``decode_time`` step by step (the simulator's fast-forward)."""
         if steps <= 0:
             return []
+        return self._decode_times(batch_size, total_context, steps).tolist()
+
+    def decode_ends(
+        self, batch_size: int, total_context: int, steps: int, start: float
+    ) -> list[float]:
+        """When each of those iterations ends, starting at ``start``: the running sum
+        ``((start + t1) + t2) + ...``, added in that order (numpy's accumulate is
+        sequential), so equal to adding ``decode_times`` one by one."""
+        if steps <= 0:
+            return []
+        times = self._decode_times(batch_size, total_context, steps)
+        return np.add.accumulate(np.concatenate(([start], times)))[1:].tolist()
+
+    def _decode_times(self, batch_size: int, total_context: int, steps: int) -> np.ndarray:
         first = self.price(self._work((), batch_size, total_context))
         c, g = self.constants, self.gpu
         # Only decode attention changes across the steps; it is linear in the context.
@@ -461,8 +475,7 @@ class CostModel:
             context * self._kv_token_bytes / (g.hbm_bandwidth_Bps * c.kv_memory_efficiency),
         )
         fixed_before = first.linear_s + first.prefill_attention_s
-        total = fixed_before + attention + first.communication_s + first.overhead_s
-        return total.tolist()
+        return fixed_before + attention + first.communication_s + first.overhead_s
 
     def prefill_time(self, tokens: int, prior: int = 0) -> float:
         """Seconds for an iteration holding a single prefill chunk and nothing else."""

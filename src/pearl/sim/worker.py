@@ -514,11 +514,7 @@ class SimulatedWorker:
         batch = len(decodes)
         k = self._steps_until_change(decodes)
         total = sum(s.num_tokens for s in decodes)
-        ends: list[float] = []
-        t = start
-        for dt in self.cost.decode_times(batch, total, k):
-            t += dt
-            ends.append(t)
+        ends = self.cost.decode_ends(batch, total, k, start)
         self._boundaries = ends
         interrupted = await self._sleep_until(ends[-1])
         steps = k
