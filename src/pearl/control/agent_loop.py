@@ -96,8 +96,8 @@ async def run_trajectory(
             starts[old + 1 :] = [s - cut for s in starts[old + 1 :]]
             # A new list per turn: the previous request may still hold the old one.
             context = context[:diverge] + context[diverge + cut :] + kept_response
-        else:
-            context = context + kept_response
+        else:  # the previous turn is over: nothing reads its request's list any more
+            context.extend(kept_response)
         starts.append(len(context))
         context += observation
         # What a prefill worker must compute: the context past the previous one (kept
