@@ -28,13 +28,6 @@ class LinearCost:
     def decode_times(self, batch_size, total_context, steps):
         return [self.decode_time(batch_size, total_context + i * batch_size) for i in range(steps)]
 
-    def decode_ends(self, batch_size, total_context, steps, start):
-        ends, t = [], start
-        for dt in self.decode_times(batch_size, total_context, steps):
-            t += dt
-            ends.append(t)
-        return ends
-
 
 def make_workload(seed, sessions, turns):
     rng = random.Random(seed)

@@ -454,17 +454,6 @@ class CostModel:
             return []
         return self._decode_times(batch_size, total_context, steps).tolist()
 
-    def decode_ends(
-        self, batch_size: int, total_context: int, steps: int, start: float
-    ) -> list[float]:
-        """When each of those iterations ends, starting at ``start``: the running sum
-        ``((start + t1) + t2) + ...``, added in that order (numpy's accumulate is
-        sequential), so equal to adding ``decode_times`` one by one."""
-        if steps <= 0:
-            return []
-        times = self._decode_times(batch_size, total_context, steps)
-        return np.add.accumulate(np.concatenate(([start], times)))[1:].tolist()
-
     def _decode_times(self, batch_size: int, total_context: int, steps: int) -> np.ndarray:
         first = self.price(self._work((), batch_size, total_context))
         c, g = self.constants, self.gpu

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+import numpy as np
+
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
 from pearl.engine.block_manager import BlockManager
 from pearl.engine.config import EngineConfig
@@ -110,6 +112,13 @@ class WorkerCounters:
         claimed = sum(v for k, v in self.time_s.items() if k is not TimeUse.IDLE_NO_WORK)
         out[TimeUse.IDLE_NO_WORK.value] = max(0.0, elapsed_s - claimed)
         return out
+
+
+def iteration_ends(start: float, times: Sequence[float]) -> list[float]:
+    """When each of consecutive iterations lasting ``times`` ends, from ``start``: the
+    running sum ``((start + t1) + t2) + ...`` in that order (numpy's accumulate adds
+    sequentially), so bitwise what adding them one by one gives, without a Python loop."""
+    return np.add.accumulate(np.array([start, *times], dtype=np.float64))[1:].tolist()
 
 
 def synthetic_tokens(session_id: str, position: int, n: int, vocab_size: int) -> list[int]:
@@ -514,7 +523,7 @@ class SimulatedWorker:
         batch = len(decodes)
         k = self._steps_until_change(decodes)
         total = sum(s.num_tokens for s in decodes)
-        ends = self.cost.decode_ends(batch, total, k, start)
+        ends = iteration_ends(start, self.cost.decode_times(batch, total, k))
         self._boundaries = ends
         interrupted = await self._sleep_until(ends[-1])
         steps = k
