@@ -203,8 +203,11 @@ def plan(
     except RunsLost as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from None
-    except (RunInterrupted, KeyboardInterrupt) as exc:
-        typer.echo(f"interrupted: {exc}; pearl plan --resume <folder> finishes it", err=True)
+    except RunInterrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=130) from None
+    except KeyboardInterrupt:  # before any run started: nothing to keep
+        typer.echo("interrupted before the plan's runs started", err=True)
         raise typer.Exit(code=130) from None
     except (PearlError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

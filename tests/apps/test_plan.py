@@ -134,3 +134,41 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_speed_and_cost():
     ]
     mark_frontier(rows)
     assert [r["frontier"] for r in rows] == [True, True, False]
+
+
+def test_sigterm_keeps_the_finished_runs_and_resume_finishes_the_plan(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from procfs import process_tree, wait_until_gone
+
+    pearl = str(Path(sys.executable).parent / "pearl")
+    args = plan_args(tmp_path, "t", "rl.duration_s=1800", "policies=[roll,rlboost,pearl]")
+    proc = subprocess.Popen(
+        [pearl, *args[:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    runs = tmp_path / "t" / "runs"
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if runs.is_dir() and any(p.suffix == ".json" for p in runs.iterdir()):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the plan ended before it could be stopped"
+        children = sorted(process_tree(proc.pid) - {proc.pid})
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert f"pearl plan --resume {tmp_path / 't'}" in err
+    assert not wait_until_gone(children, 15), "run processes left running"
+    kept = [p for p in runs.iterdir() if p.suffix == ".json"]
+    assert 1 <= len(kept) < 6 and not os.path.exists(tmp_path / "t" / "plan.json")
+    done = CliRunner().invoke(app, ["plan", "--resume", str(tmp_path / "t")])
+    assert done.exit_code == 0, done.output
+    assert len(json.loads((tmp_path / "t" / "plan.json").read_text())["rows"]) == 6

@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pearl.apps.pool import run_in_processes
+from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
@@ -215,7 +213,7 @@ def run_experiment(
 
     log(f"{len(jobs)} runs in {min(cfg.processes, len(jobs))} processes; results in {run.path}")
     try:
-        with _terminate_as_interrupt(), Progress(len(jobs), "simulated RL runs") as bar:
+        with sigterm_as_interrupt(), Progress(len(jobs), "simulated RL runs") as bar:
             _run_jobs(cfg, jobs, finished, died)
     except KeyboardInterrupt:
         keys = _close_partial(run, jobs, {})
@@ -321,25 +319,6 @@ def rebuild_report(folder: str | Path) -> Path:
     order = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
     runs = [loaded[j] for j in order if j in loaded]
     return write_tables_and_report(cfg, runs, folder, cfg.cluster.tp, segment_warnings(cfg))[1]
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the experiment as Ctrl-C does (the pool's workers are terminated and
-    the finished runs kept), instead of killing this process and orphaning the workers."""
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(r: dict) -> str:

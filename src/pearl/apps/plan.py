@@ -25,10 +25,10 @@ from pathlib import Path
 import yaml
 
 from pearl.apps.experiment import run_one
-from pearl.apps.pool import run_in_processes
+from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
 from pearl.config import PlanConfig, dump_config, load_config
 from pearl.control.policies import Pool, get_policy
-from pearl.errors import ConfigError, RunsLost
+from pearl.errors import ConfigError, RunsLost, RunStopped
 from pearl.report.progress import Progress
 from pearl.report.run_folder import default_run_name
 
@@ -264,7 +264,16 @@ def run_plan(
                 lost[key] = why
                 bar.advance(f"{key} lost: {why}")
 
-            run_in_processes(run_one, todo, cfg.processes, finished, died)
+            try:
+                with sigterm_as_interrupt():
+                    run_in_processes(run_one, todo, cfg.processes, finished, died)
+            except KeyboardInterrupt:
+                for partial in kept.glob("*.part"):  # cut mid-write: not a finished run
+                    partial.unlink()
+                raise RunStopped(
+                    f"interrupted: {len(list(kept.glob('*.json')))} runs are kept in {kept}; "
+                    f"pearl plan --resume {folder} runs the rest"
+                ) from None
 
     run_all([(p, t, seed) for p in points for t in traces], "plan grid")
     if lost:

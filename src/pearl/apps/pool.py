@@ -17,7 +17,8 @@ import multiprocessing
 import signal
 import traceback
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -109,3 +110,23 @@ def run_in_processes(
                 job.process.kill()
                 job.process.join()
             job.answer.close()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within it SIGTERM raises KeyboardInterrupt, as Ctrl-C does: ``run_in_processes``
+    then terminates its processes and the caller keeps what finished, instead of this
+    process dying and orphaning them."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
