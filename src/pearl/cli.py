@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,6 +106,25 @@ def _simulate_help() -> str:
     )
 
 
+@contextmanager
+def _simulated_run_exits() -> Iterator[None]:
+    """How a simulated run ends on the command line: runs lost with their process (exit 1,
+    the rest kept), stopped by Ctrl-C or SIGTERM (130, where the results are), bad input (2)."""
+    from pearl.errors import PearlError, RunInterrupted, RunsLost
+
+    try:
+        yield
+    except RunsLost as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    except RunInterrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=130) from None
+    except (PearlError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+
+
 @app.command(context_settings={"allow_extra_args": True}, help=_simulate_help())
 def simulate(
     ctx: typer.Context,
@@ -118,9 +139,8 @@ def simulate(
     availability segment, with a throughput table.
     """
     from pearl.config import load_simulate_config
-    from pearl.errors import PearlError, RunInterrupted, RunsLost
 
-    try:
+    with _simulated_run_exits():
         cfg = load_simulate_config(config, list(ctx.args))
         if cfg.kind == "rl":
             from pearl.apps.experiment import run_experiment
@@ -131,15 +151,6 @@ def simulate(
             from pearl.apps.simulate import run_simulate
 
             outcome = run_simulate(cfg)
-    except RunsLost as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1) from None
-    except RunInterrupted as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(code=130) from None
-    except (PearlError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
     print(f"run folder: {outcome.run_dir}")
 
 
@@ -195,23 +206,14 @@ def plan(
     policy over a grid of reserved pool sizes and TP degrees on the availability traces,
     priced; prints the frontier and the recommendation (every key: pearl config show plan)."""
     from pearl.apps.plan import load_plan_config, run_plan
-    from pearl.errors import PearlError, RunInterrupted, RunsLost
 
-    try:
-        cfg = load_plan_config(config, list(ctx.args))
-        outcome = run_plan(cfg, resume)
-    except RunsLost as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1) from None
-    except RunInterrupted as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(code=130) from None
-    except KeyboardInterrupt:  # before any run started: nothing to keep
-        typer.echo("interrupted before the plan's runs started", err=True)
-        raise typer.Exit(code=130) from None
-    except (PearlError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+    with _simulated_run_exits():
+        try:
+            cfg = load_plan_config(config, list(ctx.args))
+            outcome = run_plan(cfg, resume)
+        except KeyboardInterrupt:  # before any run started: nothing to keep
+            typer.echo("interrupted before the plan's runs started", err=True)
+            raise typer.Exit(code=130) from None
     print(f"{outcome.table}\n\n{outcome.recommendation}\nrun folder: {outcome.run_dir}")
 
 

@@ -274,23 +274,19 @@ def run_plan(
                     f"interrupted: {len(list(kept.glob('*.json')))} runs are kept in {kept}; "
                     f"pearl plan --resume {folder} runs the rest"
                 ) from None
+        if lost:
+            raise RunsLost(
+                f"{what}: {len(lost)} runs lost "
+                f"({'; '.join(f'{k}: {w}' for k, w in lost.items())}); the finished ones are "
+                f"kept: pearl plan --resume {folder} runs the rest"
+            )
 
     run_all([(p, t, seed) for p in points for t in traces], "plan grid")
-    if lost:
-        raise RunsLost(
-            f"{len(lost)} runs lost ({'; '.join(f'{k}: {w}' for k, w in lost.items())}); the "
-            f"finished ones are kept: pearl plan --resume {folder} runs the rest"
-        )
     rows = [summarize(p, [price(runs[_key(p, t, seed)], p, cfg) for t in traces]) for p in points]
     mark_frontier(rows)
     order = ranked(rows)
     best, runner = order[0], order[1] if len(order) > 1 else None
     checks = _check_ranking(cfg, points, traces, best, runner, run_all, runs)
-    if lost:
-        raise RunsLost(
-            f"{len(lost)} seed-check runs lost ({'; '.join(f'{k}: {w}' for k, w in lost.items())}); "
-            f"pearl plan --resume {folder} runs them again"
-        )
     recommendation = _recommendation(best, runner, checks, cfg.plan.currency)
     table = plan_table(rows, cfg.plan.currency)
     (folder / "plan.md").write_text(f"{table}\n\n{recommendation}\n")
