@@ -105,9 +105,11 @@ class BlockManager:
             return
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
-        table, ids, hashes = seq.block_table, seq.token_ids, self._hash
-        prev = hashes[table[seq.num_hashed_blocks - 1]] if seq.num_hashed_blocks else NO_HASH
         first = seq.num_hashed_blocks
+        if full <= first:
+            return  # no block filled since the last commit (most calls)
+        table, ids, hashes = seq.block_table, seq.token_ids, self._hash
+        prev = hashes[table[first - 1]] if first else NO_HASH
         span = tuple(ids[first * bs : full * bs])  # one copy; per-block tuples are slices of it
         verify = self.verify_tokens
         for i in range(first, full):
@@ -122,7 +124,7 @@ class BlockManager:
                 # A duplicate of an already cached block stays private; the first copy wins.
                 self._by_hash.setdefault(h, block_id)
             prev = h
-        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+        seq.num_hashed_blocks = full
 
     # -- allocation -----------------------------------------------------------------
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
