@@ -13,9 +13,11 @@ turns), generated tokens, peak resident memory, and that peak less the process's
 before the run divided by the batch (memory per trajectory in flight); then the growth
 exponent of wall time and of memory in the batch size (least squares on log-log), and the
 decision engine's latency for 1,024 workers (median of 20 calls, prior parameters).
-Then the headline paper-regime pearl run (4 reserved + up to 12 preemptible GPUs on
-segment2) for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak
-memory after 40 steps against after 5. Targets (issue 23): 512 workers x batch 4,096 in
+Then the headline paper-regime run (4 reserved + up to 12 preemptible GPUs on segment2)
+for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak memory after
+40 steps against after 5, for ``pearl`` (whose active set follows the trace, so a longer
+run also meets larger moments: more workers, more trajectories in flight) and for ``roll``
+(a fixed pool: every step holds the same, so any growth is what steps leave behind). Targets (issue 23): 512 workers x batch 4,096 in
 < 120 s and < 4 GB peak; memory after 40 steps within 10% of after 5. Writes
 ``results/sim_scale.json``.
 """
@@ -83,16 +85,17 @@ def one_step(model: str, workers: int, trace: str) -> dict:
     }
 
 
-def many_steps(duration_s: float) -> dict:
-    """``rl.duration_s`` of the paper-regime headline run (pearl, segment2): steps run and
-    the process's peak memory (a finished step keeps only its counts)."""
+def many_steps(policy: str, duration_s: float) -> dict:
+    """``rl.duration_s`` of the paper-regime headline run of ``policy`` (segment2): steps
+    run and the process's peak memory (a finished step keeps only its counts)."""
     from pearl.apps.experiment import run_one
     from pearl.config import load_simulate_config
 
     cfg = load_simulate_config(CONFIG, [f"rl.duration_s={duration_s}"])
     start = time.perf_counter()
-    r = run_one(cfg.model_dump(mode="json"), "pearl", "segment2")
+    r = run_one(cfg.model_dump(mode="json"), policy, "segment2")
     return {
+        "policy": policy,
         "duration_s": duration_s,
         "steps": r["steps_run"],
         "wall_s": time.perf_counter() - start,
@@ -137,8 +140,14 @@ def main() -> None:
         type=float,
         nargs="*",
         default=[4000.0, 30000.0],
-        help="also run the headline pearl run (segment2) this long each (~5 and ~40 steps) "
-        "and compare peak memory; none to skip",
+        help="also run the headline run (segment2) this long each (~5 and ~40 steps of "
+        "pearl) and compare peak memory; none to skip",
+    )
+    parser.add_argument(
+        "--memory-policies",
+        nargs="+",
+        default=["pearl", "roll"],
+        help="the policies of the memory-over-steps runs",
     )
     parser.add_argument("--out", default=str(ROOT / "results" / "sim_scale.json"))
     args = parser.parse_args()
@@ -181,24 +190,26 @@ def main() -> None:
     def ran(key, row: dict) -> None:
         memory.append(row)
         print(
-            f"headline pearl run of {row['duration_s']:.0f} s: {row['steps']} steps, "
+            f"headline {row['policy']} run of {row['duration_s']:.0f} s: {row['steps']} steps, "
             f"{row['wall_s']:.0f} s wall, peak {row['peak_mb']:.0f} MB",
             flush=True,
         )
 
     run_in_processes(
         many_steps,
-        [(d, (d,)) for d in args.memory_durations],
+        [((p, d), (p, d)) for p in args.memory_policies for d in args.memory_durations],
         1,
         ran,
-        lambda key, why: lost.__setitem__(f"{key} s", why),
+        lambda key, why: lost.__setitem__(f"{key[0]} {key[1]} s", why),
     )
-    if len(memory) >= 2:
-        first, last = memory[0], memory[-1]
-        print(
-            f"peak memory after {last['steps']} steps / after {first['steps']} steps: "
-            f"{last['peak_mb'] / first['peak_mb']:.3f}"
-        )
+    for policy in args.memory_policies:
+        mine = sorted((r for r in memory if r["policy"] == policy), key=lambda r: r["steps"])
+        if len(mine) >= 2:
+            first, last = mine[0], mine[-1]
+            print(
+                f"{policy}: peak memory after {last['steps']} steps / after {first['steps']} "
+                f"steps: {last['peak_mb'] / first['peak_mb']:.3f}"
+            )
     latency = {m: decision_latency_ms(m) for m in args.models}
     for m, ms in latency.items():
         print(f"{m}: decision engine for 1,024 workers: {ms:.1f} ms (median of 20)")

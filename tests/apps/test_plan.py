@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import yaml
 from typer.testing import CliRunner
 
 from pearl.apps.plan import Point, mark_frontier, price
@@ -55,6 +57,7 @@ def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_pa
     )
     assert "Recommended: " in result.output and "Runner-up" in result.output
     assert len(plan["seed_checks"]) == 1 and plan["seed_checks"][0]["seed"] == 1
+    assert plan["runs_kept_before"] == 0 and plan["wall_s"] > 0
     kept = sorted(p.name for p in (folder / "runs").iterdir())
     assert len(kept) == 12 + 2  # the grid, then the best two on one more seed
     assert (folder / "report.html").is_file() and (folder / "plan.png").is_file()
@@ -69,11 +72,42 @@ def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_pa
     third = CliRunner().invoke(app, ["plan", "--resume", str(folder)])
     assert third.exit_code == 0, third.output
     assert sorted(p.name for p in (folder / "runs").iterdir()) == kept
+    assert json.loads((folder / "plan.json").read_text())["runs_kept_before"] == len(kept) - 1
     rerun = [p.name for p in (folder / "runs").iterdir() if p.stat().st_mtime_ns != stamps[p.name]]
     assert rerun == [kept[0]]
     # The same folder is not silently reused for a new plan.
     clash = CliRunner().invoke(app, args)
     assert clash.exit_code == 2 and "--resume" in clash.output
+
+
+@pytest.mark.parametrize(
+    "model", [[], ["model.name=Qwen3-30B-A3B", "plan.tp=[2,4]"]], ids=["8B", "30B-A3B"]
+)
+def test_the_readme_plan_config_runs_for_both_models(tmp_path, model):
+    """configs/plan_paper.yaml as the README runs it (Qwen3-8B at TP 1 and 2; Qwen3-30B-A3B
+    at TP 2 and 4), every policy it names, on a tiny workload, its smallest and largest
+    reserved pools."""
+    args = plan_args(
+        tmp_path,
+        "readme",
+        "policies=[roll,rlboost,pearl]",
+        "plan.reserved_gpus=[4,20]",
+        "rl.duration_s=600",  # long enough for the paper's trainer to finish a step
+        *model,
+        config="plan_paper.yaml",
+    )
+    args = [a for a in args if a != "plan.tp=[2]"]  # the config's (or the README's) TPs
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "readme" / "plan.json").read_text())
+    tps = [2, 4] if model else [1, 2]
+    assert {(r["policy"], r["reserved_gpus"], r["tp"]) for r in plan["rows"]} == {
+        (p, r, t) for p in ("roll", "rlboost", "pearl") for r in (4, 20) for t in tps
+    }
+    assert all(r["trained_tokens_per_s"] > 0 for r in plan["rows"])
+    # The cited AWS prices are the config's.
+    cfg = yaml.safe_load((tmp_path / "readme" / "config.yaml").read_text())
+    assert cfg["plan"]["price_reserved"] == 6.88 and cfg["plan"]["price_preemptible"] == 1.78
 
 
 def test_a_spot_market_model_replaces_the_segments(tmp_path):

@@ -480,6 +480,29 @@ def test_no_request_after_a_weight_update_starts_from_the_old_weights_kv(tiny_co
     assert again.telemetry.prefill_tokens_cached > 0
 
 
+@pytest.mark.parametrize("updated", [False, True])
+def test_kv_moved_after_a_weight_update_never_enters_the_receivers_prefix_cache(
+    tiny_config, updated
+):
+    """A session prefilled under the old weights and moved after new ones landed (a PD turn
+    across an RL weight update) continues on the decode side, but its KV is marked as not
+    cacheable, through the wire format too, and the receiver never registers it: no later
+    request there starts from the old weights' KV."""
+    P = make_engine(tiny_config, role=Role.PREFILL)
+    D = make_engine(tiny_config, role=Role.DECODE)
+    prompt = prompts(1, [40])[0]
+    P.generate([Request("p", prompt, GREEDY, session_id="s")])  # pinned on P
+    if updated:
+        new = build_model(tiny_config, seed=1).state_dict()
+        P.load_weights(new, 1, in_flight=True)  # the pinned session keeps its old KV
+        D.load_weights(new, 1)
+    chunk = KVChunk.from_bytes(P.export_kv("s", 0, len(prompt)).to_bytes())
+    assert chunk.cacheable is not updated
+    assert D.import_kv(chunk) == len(prompt)
+    assert D.session_length("s") == len(prompt)  # the session continues either way
+    assert (D.scheduler.blocks.num_cached_blocks > 0) is not updated
+
+
 def test_a_bfloat16_engine_keeps_weights_and_kv_in_bfloat16_and_moves_kv_between_its_kind(
     tiny_config,
 ):

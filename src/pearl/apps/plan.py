@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,6 +229,7 @@ def run_plan(
 ) -> PlanOutcome:
     """Run (or finish) the grid, then write ``plan.json``, ``plan.md``, the figure and
     ``report.html``; returns the table and the recommendation."""
+    started = time.perf_counter()
     cfg, folder = _open_folder(cfg, resume)
     points, skipped = grid(cfg)
     for note in skipped:
@@ -236,6 +238,7 @@ def run_plan(
     kept = folder / "runs"
     kept.mkdir(exist_ok=True)
     seed = cfg.workload.seed
+    kept_before = len(list(kept.glob("*.json")))
     runs: dict[str, dict] = {}
     lost: dict[str, str] = {}
 
@@ -299,6 +302,9 @@ def run_plan(
                 "seed_checks": checks,
                 "traces": traces,
                 "skipped": skipped,
+                # this invocation's wall time (a resumed plan: only what it ran)
+                "wall_s": time.perf_counter() - started,
+                "runs_kept_before": kept_before,
             },
             indent=2,
         )
@@ -306,6 +312,10 @@ def run_plan(
     )
     _write_report(cfg, folder, rows, best, table, recommendation)
     log(recommendation)
+    log(
+        f"plan: {len(points)} configurations x {len(traces)} traces in "
+        f"{(time.perf_counter() - started) / 60:.1f} min ({kept_before} runs kept from before)"
+    )
     return PlanOutcome(str(folder), rows, table, recommendation)
 
 

@@ -256,6 +256,7 @@ class LLMEngine:
             prefix_digest=token_digest(seq.token_ids[:start]),
             keys=kv[:, 0].float().cpu().numpy(),
             values=kv[:, 1].float().cpu().numpy(),
+            cacheable=seq.cacheable,
         )
 
     def import_kv(self, chunk: KVChunk) -> int:
@@ -298,7 +299,7 @@ class LLMEngine:
                 f"KV chunk of session {sid!r} ends at {chunk.end}, beyond max_model_len"
             )
         seq, overlap = self.scheduler.import_session(
-            sid, chunk.start, chunk.token_ids, chunk.prefix_digest, self.clock()
+            sid, chunk.start, chunk.token_ids, chunk.prefix_digest, self.clock(), chunk.cacheable
         )
         if overlap >= chunk.num_tokens:
             return 0

@@ -49,6 +49,10 @@ class KVChunk:
     prefix_digest: str  # token_digest of tokens [0, start)
     keys: np.ndarray  # [layers, end - start, kv_heads, head_dim]
     values: np.ndarray
+    # False if the session's KV (this chunk's, or the prefix's it attended to) was computed,
+    # in part, before the exporter's current weights: the receiver continues the session on
+    # it but never registers it in its prefix cache (``Scheduler.invalidate_cached_kv``).
+    cacheable: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +97,7 @@ class KVChunk:
             "end": self.end,
             "token_ids": list(self.token_ids),
             "prefix_digest": self.prefix_digest,
+            "cacheable": self.cacheable,
             "shape": list(self.keys.shape),
             "array_dtype": str(self.keys.dtype),
             "body_blake2b": _body_digest(keys, values),
@@ -125,6 +130,7 @@ class KVChunk:
                 end=int(header["end"]),
                 token_ids=tuple(int(t) for t in header["token_ids"]),
                 prefix_digest=header["prefix_digest"],
+                cacheable=bool(header.get("cacheable", True)),
             )
             digest = str(header["body_blake2b"])
         except (ValueError, KeyError, TypeError) as exc:

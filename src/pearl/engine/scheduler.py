@@ -567,6 +567,7 @@ class Scheduler:
         token_ids: Sequence_[int],
         prefix: str | Sequence_[int],
         now: float = 0.0,
+        cacheable: bool = True,
     ) -> tuple[Sequence | None, int]:
         """Extend the pinned KV of ``session_id`` with tokens ``[start, start + len(token_ids))``
         computed elsewhere; reserve their blocks and mark them computed. ``prefix`` is the
@@ -574,7 +575,8 @@ class Scheduler:
 
         Returns the pinned sequence (``None`` for an empty chunk of a session not held) and
         how many leading tokens of the chunk were already held (their KV is kept). The
-        caller writes the KV of the rest. Raises ``KVPrefixMismatch`` if the chunk does not
+        caller writes the KV of the rest. ``cacheable=False`` (KV the sender computed, in
+        part, with older weights) keeps the session's blocks out of the prefix cache. Raises ``KVPrefixMismatch`` if the chunk does not
         continue what is held (``match_session`` first), ``KVOutOfMemory`` if its blocks do
         not fit now; either way nothing changes.
         """
@@ -632,6 +634,7 @@ class Scheduler:
         pinned.token_ids.extend(token_ids[overlap:])
         pinned.num_computed_tokens = end
         pinned.telemetry.kv_tokens_imported += end - held
+        pinned.cacheable = pinned.cacheable and cacheable
         self.blocks.commit(pinned)
         self.sessions[session_id] = pinned
         return pinned, overlap

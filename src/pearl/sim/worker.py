@@ -209,23 +209,29 @@ class SimulatedWorker:
             await asyncio.sleep(self.config.rpc_overhead_s)
         await self._command(lambda: self.scheduler.release_session(session_id))
 
-    async def export_kv(self, session_id: str, start: int, end: int) -> None:
-        """Hand out the KV of tokens ``[start, end)`` of a session. With
-        ``calls_wait_for_iteration`` the copy waits for the iteration in progress (a live
-        worker copies it under the engine lock, so a move starts only at the prefill worker's
-        next iteration boundary). Raises ``EngineStateError`` if the worker is stopped."""
+    async def export_kv(self, session_id: str, start: int, end: int) -> bool:
+        """Hand out the KV of tokens ``[start, end)`` of a session; returns whether it may
+        enter a prefix cache (``KVChunk.cacheable``: False if older weights computed part of
+        it). With ``calls_wait_for_iteration`` the copy waits for the iteration in progress
+        (a live worker copies it under the engine lock, so a move starts only at the prefill
+        worker's next iteration boundary). Raises ``EngineStateError`` if the worker is
+        stopped."""
         await self._next_boundary()
         if self._closed:
             raise EngineStateError(f"worker {self.worker_id} is stopped")
+        held = self.scheduler.sessions.get(session_id)
+        return held.cacheable if held is not None else True
 
-    async def import_kv(self, session_id: str, token_ids: list[int], start: int, end: int) -> int:
+    async def import_kv(
+        self, session_id: str, token_ids: list[int], start: int, end: int, cacheable: bool = True
+    ) -> int:
         """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens added."""
         chunk = token_ids[start:end]
         prefix = token_ids[:start]  # compared as tokens: cheaper than digesting them
 
         def apply() -> int:
             _, overlap = self.scheduler.import_session(
-                session_id, start, chunk, prefix, self._now()
+                session_id, start, chunk, prefix, self._now(), cacheable
             )
             return max(0, len(chunk) - overlap)
 
