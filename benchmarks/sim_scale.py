@@ -134,7 +134,9 @@ def exponent(xs: list[float], ys: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["Qwen3-8B", "Qwen3-30B-A3B"])
-    parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 128, 512])
+    parser.add_argument(
+        "--workers", type=int, nargs="*", default=[8, 32, 128, 512], help="sizes; none to skip"
+    )
     parser.add_argument(
         "--memory-durations",
         type=float,

@@ -36,7 +36,7 @@ def plan_args(tmp_path, name: str, *extra: str, config: str = "headline.yaml") -
 
 
 def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_path):
-    """The README's command, on the paper-regime config, shortened to a tiny workload."""
+    """An RL config (the paper regime) as the plan's config, on a tiny workload."""
     args = plan_args(
         tmp_path,
         "p",
