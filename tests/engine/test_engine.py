@@ -339,6 +339,9 @@ def test_kv_chunk_round_trips_through_bytes_without_pickle(tiny_config):
         "checksum": data[:-1] + bytes([data[-1] ^ 1]),  # one bit flipped in the body
         "header": data[:16] + header.replace(b'"start"', b'"stort"') + data[16 + n :],
         "malformed": data[:16] + b"{" + header[1:-1] + b"!" + data[16 + n :],
+        "flag": data[:16]
+        + header.replace(b'"cacheable": true', b'"cacheable": "ye"')
+        + data[16 + n :],
     }
     why = {
         "too short": "too short",
@@ -347,6 +350,7 @@ def test_kv_chunk_round_trips_through_bytes_without_pickle(tiny_config):
         "checksum": "checksum",
         "header": "malformed",
         "malformed": "malformed",
+        "flag": "cacheable must be true or false",
     }
     for name, raw in broken.items():
         with pytest.raises(KVTransferError, match=why[name]):

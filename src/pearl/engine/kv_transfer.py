@@ -34,6 +34,12 @@ def _body_digest(keys: bytes, values: bytes) -> str:
     return h.hexdigest()
 
 
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 @dataclass(slots=True, frozen=True)
 class KVChunk:
     """The KV of one session's tokens ``[start, end)`` and the facts needed to trust it."""
@@ -130,7 +136,7 @@ class KVChunk:
                 end=int(header["end"]),
                 token_ids=tuple(int(t) for t in header["token_ids"]),
                 prefix_digest=header["prefix_digest"],
-                cacheable=bool(header.get("cacheable", True)),
+                cacheable=_flag(header.get("cacheable", True), "cacheable"),
             )
             digest = str(header["body_blake2b"])
         except (ValueError, KeyError, TypeError) as exc:

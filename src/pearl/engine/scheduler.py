@@ -576,9 +576,10 @@ class Scheduler:
         Returns the pinned sequence (``None`` for an empty chunk of a session not held) and
         how many leading tokens of the chunk were already held (their KV is kept). The
         caller writes the KV of the rest. ``cacheable=False`` (KV the sender computed, in
-        part, with older weights) keeps the session's blocks out of the prefix cache. Raises ``KVPrefixMismatch`` if the chunk does not
-        continue what is held (``match_session`` first), ``KVOutOfMemory`` if its blocks do
-        not fit now; either way nothing changes.
+        part, with older weights) keeps the session's blocks out of the prefix cache.
+        Raises ``KVPrefixMismatch`` if the chunk does not continue what is held
+        (``match_session`` first), ``KVOutOfMemory`` if its blocks do not fit now; either
+        way nothing changes.
         """
         if any(s.session_id == session_id for s in self._in_flight()):
             raise KVTransferError(
