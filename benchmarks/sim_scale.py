@@ -17,9 +17,9 @@ Then the headline paper-regime run (4 reserved + up to 12 preemptible GPUs on se
 for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak memory after
 40 steps against after 5, for ``pearl`` (whose active set follows the trace, so a longer
 run also meets larger moments: more workers, more trajectories in flight) and for ``roll``
-(a fixed pool: every step holds the same, so any growth is what steps leave behind). Targets (issue 23): 512 workers x batch 4,096 in
-< 120 s and < 4 GB peak; memory after 40 steps within 10% of after 5. Writes
-``results/sim_scale.json``.
+(a fixed pool: every step holds the same, so any growth is what steps leave behind).
+Targets (issue 23): 512 workers x batch 4,096 in < 120 s and < 4 GB peak; memory after 40
+steps within 10% of after 5. Writes ``results/sim_scale.json``.
 """
 
 from __future__ import annotations

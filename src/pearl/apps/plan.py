@@ -292,6 +292,7 @@ def run_plan(
     checks = _check_ranking(cfg, points, traces, best, runner, run_all, runs)
     recommendation = _recommendation(best, runner, checks, cfg.plan.currency)
     table = plan_table(rows, cfg.plan.currency)
+    wall_s = time.perf_counter() - started  # this invocation's (a resumed plan: what it ran)
     (folder / "plan.md").write_text(f"{table}\n\n{recommendation}\n")
     (folder / "plan.json").write_text(
         json.dumps(
@@ -302,8 +303,7 @@ def run_plan(
                 "seed_checks": checks,
                 "traces": traces,
                 "skipped": skipped,
-                # this invocation's wall time (a resumed plan: only what it ran)
-                "wall_s": time.perf_counter() - started,
+                "wall_s": wall_s,
                 "runs_kept_before": kept_before,
             },
             indent=2,
@@ -314,7 +314,7 @@ def run_plan(
     log(recommendation)
     log(
         f"plan: {len(points)} configurations x {len(traces)} traces in "
-        f"{(time.perf_counter() - started) / 60:.1f} min ({kept_before} runs kept from before)"
+        f"{wall_s / 60:.1f} min ({kept_before} runs kept from before)"
     )
     return PlanOutcome(str(folder), rows, table, recommendation)
 
