@@ -8,6 +8,7 @@ real workers) and simulated (virtual clock, simulated workers).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,9 +30,12 @@ class TrajectoryResult:
     context_tokens: int = 0
     # What the loop itself observed per turn (for the runtime tracker): tokens appended to
     # the context before the turn (observation), tokens of the previous response kept in it,
-    # and environment seconds after the turn (the last one includes reward evaluation).
+    # tokens it generated (kept here: with ``AgentLoopConfig.keep_tokens`` False a turn's
+    # ids are dropped), and environment seconds after the turn (the last one includes
+    # reward evaluation).
     appended_tokens: list[int] = field(default_factory=list)
     kept_tokens: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
     env_s: list[float] = field(default_factory=list)
     setup_s: float = 0.0  # environment start before turn 0 (container, VM)
     reward: float | None = None  # episodes: the environment's reward
@@ -43,7 +47,7 @@ class TrajectoryResult:
 
     @property
     def generated_tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns)
+        return sum(self.generated)
 
     @property
     def weight_versions(self) -> list[int]:
@@ -59,6 +63,10 @@ class AgentLoopConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # False: a finished turn is kept in ``TrajectoryResult.turns`` without its token ids and
+    # log-probabilities (the simulator, where nothing trains on them: a batch in flight
+    # would otherwise hold every response it generated, ~16 bytes a token).
+    keep_tokens: bool = True
 
 
 def session_id_of(trajectory: Trajectory) -> str:
@@ -115,11 +123,14 @@ async def run_trajectory(
             seed=config.seed,
         )
         out = await router.run_turn(request)
+        result.generated.append(len(out.token_ids))
+        kept = turn.response_tokens_kept
+        kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
+        if not config.keep_tokens:
+            out = dataclasses.replace(out, token_ids=[], logprobs=[])
         result.turns.append(out)
         if on_turn is not None:
             on_turn(result, out)
-        kept = turn.response_tokens_kept
-        kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
         kept_before = kept
         env_start = clock.now()
         await clock.sleep(turn.env_latency_s)

@@ -116,6 +116,7 @@ async def run_episode(
         )
         out = await router.run_turn(request)
         result.turns.append(out)
+        result.generated.append(len(out.token_ids))
         result.appended_tokens.append(appended)
         result.kept_tokens.append(0)
         context = context + out.token_ids

@@ -46,6 +46,9 @@ class Router:
         self.decode: list[RolloutWorker] = []
         self._home: dict[tuple[WorkerRole, str], RolloutWorker] = {}  # (role, session) -> worker
         self._sessions_on: dict[str, int] = defaultdict(int)  # worker id -> sessions homed there
+        # The least sessions homed on a worker of each pool, valid while no count changed
+        # (counts change twice a trajectory; a turn asks: O(workers) per turn otherwise).
+        self._least: dict[WorkerRole, int] = {}
         self._inflight_prefill_tokens: dict[str, int] = defaultdict(int)
         self.turns_routed = 0
         self.transfer_retries = 0
@@ -84,6 +87,7 @@ class Router:
             if worker.worker_id not in active[key[0]]:
                 del self._home[key]
                 self._sessions_on[worker.worker_id] -= 1
+        self._least.clear()
 
     def home_of(self, session_id: str, role: WorkerRole) -> RolloutWorker | None:
         return self._home.get((role, session_id))
@@ -91,12 +95,13 @@ class Router:
     def _pick(self, role: WorkerRole, session_id: str, pool: list[RolloutWorker]) -> RolloutWorker:
         worker = self._home.get((role, session_id))
         if worker is not None:
-            if not self._overloaded(worker, pool):
+            if not self._overloaded(role, worker, pool):
                 return worker
             # Workers joined (or others are far less loaded): this session moves at a turn
             # boundary, trading its cached KV for balance. Its old KV ages out of that cache.
             del self._home[(role, session_id)]
             self._sessions_on[worker.worker_id] -= 1
+            self._least.clear()
             self.sessions_moved += 1
         if not pool:
             raise NoWorkerAvailable(f"no active {role.value} worker for session {session_id!r}")
@@ -109,14 +114,17 @@ class Router:
         worker = min(pool, key=load)  # ties: the first in pool order, so runs are deterministic
         self._home[(role, session_id)] = worker
         self._sessions_on[worker.worker_id] += 1
+        self._least.clear()
         return worker
 
-    def _overloaded(self, home: RolloutWorker, pool: list[RolloutWorker]) -> bool:
+    def _overloaded(self, role: WorkerRole, home: RolloutWorker, pool: list[RolloutWorker]) -> bool:
         """True if ``home`` holds at least ``REBALANCE_GAP`` more sessions than the least
         loaded worker of its pool (how sessions reach workers that joined mid-batch)."""
         if len(pool) < 2:
             return False
-        least = min(self._sessions_on[w.worker_id] for w in pool)
+        least = self._least.get(role)
+        if least is None:
+            least = self._least[role] = min(self._sessions_on[w.worker_id] for w in pool)
         return self._sessions_on[home.worker_id] - least >= REBALANCE_GAP
 
     async def run_turn(self, turn: TurnRequest) -> TurnOutput:
@@ -329,6 +337,7 @@ class Router:
             worker = self._home.pop((role, session_id), None)
             if worker is not None:
                 self._sessions_on[worker.worker_id] -= 1
+                self._least.clear()
                 try:
                     await worker.release_session(session_id)
                 except EngineStateError:

@@ -126,7 +126,7 @@ class RuntimeTracker:
             turns.append(
                 TurnObservation(
                     appended_tokens=result.appended_tokens[k],
-                    generated_tokens=len(out.token_ids),
+                    generated_tokens=result.generated[k],
                     kept_tokens=result.kept_tokens[k],
                     env_time_s=result.env_s[k],
                     decode_s=max(0.0, t.finished_at - first),

@@ -316,7 +316,8 @@ def run_policy(
         breakdown = TimeBreakdown(plane, active)
         records = await driver.run(
             lambda i: step_batch(profile, setting.seed, i),
-            AgentLoopConfig(vocab_size=cost.model.vocab_size),
+            # Records keep only counts unless the caller inspects the turns (keep_results).
+            AgentLoopConfig(vocab_size=cost.model.vocab_size, keep_tokens=setting.keep_results),
             PipelineConfig(
                 num_steps=1_000_000,
                 max_staleness=setting.max_staleness,
