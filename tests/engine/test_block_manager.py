@@ -125,3 +125,60 @@ def test_reference_counts_stay_consistent_under_random_use(ops):
         elif live:
             bm.release(live.pop(0))
         bm.check_invariants([s.block_table for s in live])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "alloc", "release"]),
+            st.lists(st.integers(0, 2), min_size=1, max_size=10),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.sampled_from([0, 1024]),
+)
+def test_eviction_takes_the_least_recently_freed_cached_block_first(ops, slack):
+    """The LRU queue keeps stale entries when a hit takes a cached block back and compacts
+    them away (``slack`` 0: after every release); either way the evictable blocks are
+    ordered by when each was last freed, and evictions take the oldest."""
+    bm = BlockManager(num_blocks=10, block_size=2)
+    bm.LRU_SLACK = slack
+    live: list[Sequence] = []
+    freed_at: dict[int, int] = {}  # evictable block -> when it last became evictable
+    clock = 0
+
+    def release(seq: Sequence) -> None:
+        nonlocal clock
+        table = list(seq.block_table)
+        bm.release(seq)
+        for b in reversed(table):  # the tail is freed first
+            if bm.ref_count(b) == 0 and b in bm._by_hash.values():
+                clock += 1
+                freed_at[b] = clock
+
+    for i, (op, tokens) in enumerate(ops):
+        if op == "alloc":
+            seq = make_seq(tokens, f"s{i}")
+            bm.attach_prefix(seq)
+            for b in seq.block_table:
+                freed_at.pop(b, None)  # taken back by a hit
+            oldest_first = sorted(freed_at, key=freed_at.__getitem__)
+            hits = len(seq.block_table)
+            try:
+                bm.allocate(seq, seq.num_tokens)
+            except OutOfBlocks:
+                release(seq)  # its hits are evictable again, freed now
+            else:
+                seq.num_computed_tokens = seq.num_tokens
+                bm.commit(seq)
+                live.append(seq)
+                evicted = [b for b in seq.block_table[hits:] if b in freed_at]
+                assert evicted == oldest_first[: len(evicted)]
+                for b in evicted:
+                    del freed_at[b]
+        elif live:
+            release(live.pop(0))
+        assert bm._evictable_in_lru_order() == sorted(freed_at, key=freed_at.__getitem__)
+        bm.check_invariants([s.block_table for s in live])

@@ -4,12 +4,12 @@ A block holds ``block_size`` consecutive tokens of one sequence. A *full* block 
 registered in the prefix cache under ``hash(previous block's hash, its token ids)``,
 so a later request whose prompt starts with the same tokens (turn k+1 of a session,
 a sibling in a GRPO group) reuses it. Blocks nobody references but that are still
-cached stay in an LRU list and are evicted only when free blocks run out.
+cached stay in an LRU queue and are evicted only when free blocks run out.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence as Seq
 
 from pearl.engine.sequence import Sequence
@@ -29,6 +29,8 @@ class OutOfBlocks(Exception):
 class BlockManager:
     """Allocates KV blocks to sequences; owns the prefix cache."""
 
+    LRU_SLACK = 1024  # stale LRU entries tolerated beyond the evictable blocks' own
+
     def __init__(self, num_blocks: int, block_size: int, verify_tokens: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
@@ -45,7 +47,15 @@ class BlockManager:
         self._hash = [NO_HASH] * num_blocks
         self._tokens: list[tuple[int, ...]] = [()] * num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # never-cached blocks (stack)
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        # Cached, unreferenced blocks ("evictable": reference count 0 and a hash), least
+        # recently freed first. A block is queued each time it becomes evictable and not
+        # removed when a hit takes it back, so the queue may hold stale entries: only a
+        # block's last entry (``_queued`` counts them) while it is still evictable counts.
+        # (An OrderedDict did this at ~150 bytes a block; this is ~8, over 10^6-10^7
+        # blocks in a large simulated cluster.)
+        self._lru: deque[int] = deque()
+        self._queued = [0] * num_blocks
+        self._num_evictable = 0
         self._by_hash: dict[int, int] = {}
         self.cache_hits = 0  # tokens served from the prefix cache
         self.cache_queries = 0  # prompt tokens looked up
@@ -54,7 +64,7 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that an allocation can take now (free plus evictable)."""
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + self._num_evictable
 
     @property
     def num_cached_blocks(self) -> int:
@@ -146,15 +156,21 @@ class BlockManager:
             for block_id in got:
                 ref[block_id] = 1
             table.extend(got)
-        if need > take:  # _evict_lru, inlined: with a full prefix cache this runs per block
-            evictable, by_hash, hashes, tokens = (
-                self._evictable,
+        if need > take:  # evict LRU blocks, inlined: with a full prefix cache this runs per block
+            lru, queued, by_hash, hashes, tokens = (
+                self._lru,
+                self._queued,
                 self._by_hash,
                 self._hash,
                 self._tokens,
             )
             for _ in range(need - take):
-                block_id, _ = evictable.popitem(last=False)
+                while True:  # the first live entry (see __init__)
+                    block_id = lru.popleft()
+                    left = queued[block_id] - 1
+                    queued[block_id] = left
+                    if not left and not ref[block_id] and hashes[block_id] != NO_HASH:
+                        break
                 h = hashes[block_id]
                 if by_hash.get(h) == block_id:
                     del by_hash[h]
@@ -162,10 +178,17 @@ class BlockManager:
                 tokens[block_id] = ()
                 ref[block_id] = 1
                 table.append(block_id)
+            self._num_evictable -= need - take
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
-        ref, hashes, by_hash = self._ref, self._hash, self._by_hash
+        ref, hashes, by_hash, lru, queued = (
+            self._ref,
+            self._hash,
+            self._by_hash,
+            self._lru,
+            self._queued,
+        )
         for block_id in reversed(block_ids):  # tail blocks are evicted before their prefix
             left = ref[block_id] - 1
             ref[block_id] = left
@@ -174,10 +197,14 @@ class BlockManager:
                 continue
             h = hashes[block_id]
             if h != NO_HASH and by_hash.get(h) == block_id:
-                self._evictable[block_id] = None
+                lru.append(block_id)
+                queued[block_id] += 1
+                self._num_evictable += 1
             else:
                 self._reset(block_id)
                 self._free.append(block_id)
+        if len(lru) > 2 * self._num_evictable + self.LRU_SLACK:
+            self._compact_lru()
 
     def release(self, seq: Sequence) -> None:
         """Free all of ``seq``'s blocks and forget its KV (``num_computed_tokens`` -> 0)."""
@@ -189,8 +216,10 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (new weights make cached KV stale)."""
-        self._free.extend(self._evictable)
-        self._evictable.clear()
+        self._free.extend(self._evictable_in_lru_order())
+        self._lru.clear()
+        self._queued = [0] * self.num_blocks
+        self._num_evictable = 0
         self._hash = [NO_HASH] * self.num_blocks
         self._tokens = [()] * self.num_blocks
         self._by_hash.clear()
@@ -200,8 +229,30 @@ class BlockManager:
 
     def _take(self, block_id: int) -> None:
         if self._ref[block_id] == 0:
-            self._evictable.pop(block_id, None)
+            self._num_evictable -= 1  # a cached block nobody held: its queue entry goes stale
         self._ref[block_id] += 1
+
+    def _evictable_in_lru_order(self) -> list[int]:
+        """The evictable blocks, least recently freed first (each block's last live entry)."""
+        ref, hashes, seen = self._ref, self._hash, set()
+        newest_first = []
+        for block_id in reversed(self._lru):
+            if block_id not in seen:
+                seen.add(block_id)
+                if not ref[block_id] and hashes[block_id] != NO_HASH:
+                    newest_first.append(block_id)
+        newest_first.reverse()
+        assert len(newest_first) == self._num_evictable
+        return newest_first
+
+    def _compact_lru(self) -> None:
+        """Drop the queue's stale entries (amortized: it at least halves)."""
+        live = self._evictable_in_lru_order()
+        queued = [0] * self.num_blocks
+        for block_id in live:
+            queued[block_id] = 1
+        self._lru = deque(live)
+        self._queued = queued
 
     def _reset(self, block_id: int) -> None:
         self._hash[block_id] = NO_HASH
@@ -215,8 +266,9 @@ class BlockManager:
                 counts[block_id] += 1
         for block_id, count in enumerate(counts):
             assert self._ref[block_id] == count, (block_id, self._ref[block_id], count)
-        free, evictable = set(self._free), set(self._evictable)
+        free, evictable = set(self._free), set(self._evictable_in_lru_order())
         assert not free & evictable
+        assert all(self._hash[b] == NO_HASH for b in free)
         held = {b for b in range(self.num_blocks) if self._ref[b] > 0}
         assert held.isdisjoint(free | evictable)
         assert len(held) + len(free) + len(evictable) == self.num_blocks
