@@ -102,10 +102,10 @@ async def run_trajectory(
             cut = trajectory.observation_shown(old, k - 1) - shown
             diverge = starts[old] + shown
             starts[old + 1 :] = [s - cut for s in starts[old + 1 :]]
-            # A new list per turn: the previous request may still hold the old one.
-            context = context[:diverge] + context[diverge + cut :] + kept_response
-        else:  # the previous turn is over: nothing reads its request's list any more
-            context.extend(kept_response)
+            del context[diverge : diverge + cut]
+        # In place: the previous turn is over and nothing reads its request's list any more
+        # (an engine copies a prompt when it admits it; a remote worker receives a copy).
+        context.extend(kept_response)
         starts.append(len(context))
         context += observation
         # What a prefill worker must compute: the context past the previous one (kept
