@@ -233,3 +233,28 @@ def test_agent_loop_reports_and_re_prefills_what_a_collapsed_observation_edits()
     assert result.appended_tokens[3] + result.kept_tokens[3] == 96 - 50
     # The worker reuses whole cached blocks up to the edit (48 tokens) and computes the rest.
     assert result.turns[3].telemetry.prefill_tokens_computed == 96 - 48
+
+
+def test_without_keep_tokens_a_trajectory_keeps_counts_and_telemetry_not_token_ids():
+    """The simulator's setting: turns keep no ids (memory), everything counted is the same."""
+    traj = dataclasses.replace(trajectory(turns=4), observation_window=2)
+
+    async def main(keep: bool):
+        w = SimulatedWorker("w", FlatCost(), SimEngineConfig(num_kv_blocks=512), vocab_size=500)
+        router = Router()
+        router.set_topology(colocated=[w])
+        config = AgentLoopConfig(500, keep_tokens=keep)
+        result = await run_trajectory(traj, router, AsyncioClock(), config)
+        w.close()
+        return result
+
+    kept, dropped = (run_virtual(lambda k=k: main(k))[0] for k in (True, False))
+    assert [len(o.token_ids) for o in kept.turns] == kept.generated == [8, 8, 8, 8]
+    assert dropped.generated == kept.generated and dropped.generated_tokens == 32
+    assert all(o.token_ids == [] and o.logprobs == [] for o in dropped.turns)
+    assert [o.telemetry for o in dropped.turns] == [o.telemetry for o in kept.turns]
+    assert (dropped.appended_tokens, dropped.kept_tokens, dropped.context_tokens) == (
+        kept.appended_tokens,
+        kept.kept_tokens,
+        kept.context_tokens,
+    )
