@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.engine.block_manager import BlockManager
-from pearl.engine.scheduler import Scheduler, SchedulerConfig
+from pearl.engine.scheduler import Scheduler, SchedulerConfig, _common_prefix_length
 from pearl.engine.sequence import FinishReason, Request, Role, SamplingParams, Sequence
 from pearl.errors import EngineStateError, RequestError
 
@@ -341,3 +341,15 @@ def test_flush_prefix_cache_drops_sessions_and_cached_blocks():
 def test_unknown_scheduling_mode_is_rejected_with_the_valid_ones():
     with pytest.raises(ValueError, match="mixed, sglang"):
         make_scheduler(mode="vllm")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=40),
+    st.lists(st.integers(0, 3), max_size=40),
+    st.one_of(st.none(), st.integers(0, 45)),
+)
+def test_common_prefix_length_matches_a_token_by_token_scan(a, b, limit):
+    n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
+    expected = next((i for i in range(n) if a[i] != b[i]), n)
+    assert _common_prefix_length(a, b, limit) == expected

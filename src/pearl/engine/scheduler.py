@@ -687,8 +687,12 @@ def _common_prefix_length(a: Sequence_[int], b: Sequence_[int], limit: int | Non
     loop per token.
     """
     n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
-    # A list of exactly n items is compared as it is: one copy of ~10^4 ids less (hot).
-    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+    if n == 0:
+        return 0
+    # Whole prefixes equal (an append), unless their last ids already differ (an edited
+    # context: the copies and the full comparison are skipped). A list of exactly n items
+    # is compared as it is: one copy of ~10^4 ids less (hot).
+    if a[n - 1] == b[n - 1] and (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
     while hi - lo > 1:
