@@ -13,7 +13,8 @@ turns), generated tokens, peak resident memory, and that peak less the process's
 before the run divided by the batch (memory per trajectory in flight); then the growth
 exponent of wall time and of memory in the batch size (least squares on log-log), and the
 decision engine's latency for 1,024 workers (median of 20 calls, prior parameters).
-Then the headline paper-regime run (4 reserved + up to 12 preemptible GPUs on segment2)
+Then the headline paper-regime run (4 reserved + up to 12 preemptible GPUs on segment2, or a
+constant number with ``--memory-available``)
 for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak memory after
 40 steps against after 5, for ``pearl`` (whose active set follows the trace, so a longer
 run also meets larger moments: more workers, more trajectories in flight) and for ``roll``
@@ -85,17 +86,19 @@ def one_step(model: str, workers: int, trace: str) -> dict:
     }
 
 
-def many_steps(policy: str, duration_s: float) -> dict:
-    """``rl.duration_s`` of the paper-regime headline run of ``policy`` (segment2): steps
-    run and the process's peak memory (a finished step keeps only its counts)."""
+def many_steps(policy: str, duration_s: float, trace: str = "segment2") -> dict:
+    """``rl.duration_s`` of the paper-regime headline run of ``policy`` on ``trace`` (a
+    segment name or an availability CSV): steps run and the process's peak memory (a
+    finished step keeps only its counts)."""
     from pearl.apps.experiment import run_one
     from pearl.config import load_simulate_config
 
     cfg = load_simulate_config(CONFIG, [f"rl.duration_s={duration_s}"])
     start = time.perf_counter()
-    r = run_one(cfg.model_dump(mode="json"), policy, "segment2")
+    r = run_one(cfg.model_dump(mode="json"), policy, trace)
     return {
         "policy": policy,
+        "trace": Path(trace).name,
         "duration_s": duration_s,
         "steps": r["steps_run"],
         "wall_s": time.perf_counter() - start,
@@ -151,11 +154,23 @@ def main() -> None:
         default=["pearl", "roll"],
         help="the policies of the memory-over-steps runs",
     )
+    parser.add_argument(
+        "--memory-available",
+        type=int,
+        default=None,
+        metavar="GPUS",
+        help="run the memory-over-steps runs at this constant number of preemptible GPUs "
+        "instead of segment2 (every step then meets the same pool)",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "sim_scale.json"))
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pearl-sim-scale-"))
     trace = folder / "reserved_only.csv"  # no preemptible GPUs: the pool is the reserved one
     trace.write_text("time_s,available\n0,0\n")
+    memory_trace = "segment2"
+    if args.memory_available is not None:
+        memory_trace = str(folder / f"constant_{args.memory_available}.csv")
+        Path(memory_trace).write_text(f"time_s,available\n0,{args.memory_available}\n")
     jobs = [((m, w), (m, w, str(trace))) for m in args.models for w in args.workers]
     rows: list[dict] = []
     lost: dict = {}
@@ -192,14 +207,19 @@ def main() -> None:
     def ran(key, row: dict) -> None:
         memory.append(row)
         print(
-            f"headline {row['policy']} run of {row['duration_s']:.0f} s: {row['steps']} steps, "
+            f"headline {row['policy']} run of {row['duration_s']:.0f} s on {row['trace']}: "
+            f"{row['steps']} steps, "
             f"{row['wall_s']:.0f} s wall, peak {row['peak_mb']:.0f} MB",
             flush=True,
         )
 
     run_in_processes(
         many_steps,
-        [((p, d), (p, d)) for p in args.memory_policies for d in args.memory_durations],
+        [
+            ((p, d), (p, d, memory_trace))
+            for p in args.memory_policies
+            for d in args.memory_durations
+        ],
         1,
         ran,
         lambda key, why: lost.__setitem__(f"{key[0]} {key[1]} s", why),

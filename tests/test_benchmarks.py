@@ -206,13 +206,15 @@ def test_gpu_check_compares_the_engine_with_transformers_on_any_device(tmp_path,
 
 
 def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
-    """The scale benchmark at its smallest: one size, no long runs; every row complete."""
+    """The scale benchmark at its smallest: two sizes and one short memory run; every row
+    complete."""
     import json
     import subprocess
     import sys
 
     out = tmp_path / "scale.json"
-    args = ["--workers", "2", "4", "--models", "Qwen3-8B", "--memory-durations", "--out", str(out)]
+    args = ["--workers", "2", "4", "--models", "Qwen3-8B", "--out", str(out)]
+    args += ["--memory-durations", "300", "--memory-policies", "roll", "--memory-available", "2"]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sim_scale.py"), *args],
         capture_output=True,
@@ -225,3 +227,10 @@ def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
     assert [(r["workers"], r["batch"], r["steps"]) for r in res["rows"]] == [(2, 16, 1), (4, 32, 1)]
     assert all(r["iterations"] > 0 and r["turns"] > 0 and r["peak_mb"] > 0 for r in res["rows"])
     assert "Qwen3-8B" in res["growth"] and res["decision_latency_ms_1024_workers"]["Qwen3-8B"] > 0
+    (memory,) = res["memory_over_steps"]  # the memory run, at a constant availability
+    assert (memory["policy"], memory["trace"], memory["duration_s"]) == (
+        "roll",
+        "constant_2.csv",
+        300,
+    )
+    assert memory["peak_mb"] > 0

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.control.interfaces import TurnRequest, WorkerRole
+from pearl.errors import EngineStateError
 from pearl.sim.clock import run_virtual
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
 
@@ -259,3 +260,25 @@ def test_a_gpu_engines_queries_and_export_do_not_wait_for_the_iteration():
 
     assert run_virtual(lambda: main(False))[0] == pytest.approx(0.1001, abs=1e-9)
     assert run_virtual(lambda: main(True))[0] > 0.1001 + 1e-6
+
+
+def test_a_stopped_worker_keeps_its_counters_and_lets_its_engine_state_go():
+    """A run keeps every worker it made (for time breakdowns): a stopped one must not hold
+    its KV accounting and pinned sessions, and its session state is no longer observable."""
+
+    async def main():
+        worker = SimulatedWorker(
+            "w0", LinearCost(), SimEngineConfig(num_kv_blocks=4096), vocab_size=1000
+        )
+        await worker.generate(TurnRequest("a/0", "a", [1] * 300, 20))
+        held = await worker.session_length("a")
+        iterations = worker.counters.iterations
+        worker.close()
+        with pytest.raises(EngineStateError, match="stopped"):
+            await worker.session_length("a")
+        return held, iterations, worker
+
+    held, iterations, worker = run_virtual(main)[0]
+    assert held == 319
+    assert worker.counters.iterations == iterations > 0
+    assert worker.blocks.num_blocks == 1 and not worker.scheduler.sessions

@@ -192,6 +192,8 @@ class SimulatedWorker:
         if self.config.rpc_overhead_s:
             await asyncio.sleep(self.config.rpc_overhead_s)
         await self._next_boundary()
+        if self._closed:
+            raise EngineStateError(f"worker {self.worker_id} is stopped")
         return self.scheduler.session_length(session_id)
 
     async def match_session(self, session_id: str, token_ids: list[int]) -> int:
@@ -293,6 +295,11 @@ class SimulatedWorker:
             if not fut.done():
                 fut.set_exception(stopped)
         self._futures.clear()
+        # A run keeps every worker it made, for its counters; a stopped one's engine state
+        # (the KV accounting of its whole capacity, pinned sessions' contexts: MBs) goes,
+        # or memory would grow with every worker a long elastic run starts and stops.
+        self.blocks = BlockManager(1, self.config.block_size, verify_tokens=False)
+        self.scheduler = Scheduler(self.scheduler.config, self.blocks)
 
     # -- internals -----------------------------------------------------------------
     def _now(self) -> float:
