@@ -346,7 +346,7 @@ def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path)
         for key in ("loss", "grad_norm", "trained_tokens", "clip_fraction", "mean_ratio"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
     for name, param in one.model.named_parameters():
-        torch.testing.assert_close(torch.from_numpy(weights[name]), param.detach(), msg=name)
+        torch.testing.assert_close(torch.from_numpy(weights[name].copy()), param.detach(), msg=name)
 
     # the two processes' checkpoint in one process: the same weights and next step
     resumed = GRPOTrainer(ModelSpec(config=LLAMA, seed=1), config)
