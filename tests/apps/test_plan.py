@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pearl.apps.plan import Point, mark_frontier, price
+from pearl.apps.plan import Point, expected_work, mark_frontier, price
 from pearl.cli import app
 from pearl.config import PlanConfig
 
@@ -206,3 +206,17 @@ def test_sigterm_keeps_the_finished_runs_and_resume_finishes_the_plan(tmp_path):
     done = CliRunner().invoke(app, ["plan", "--resume", str(tmp_path / "t")])
     assert done.exit_code == 0, done.output
     assert len(json.loads((tmp_path / "t" / "plan.json").read_text())["rows"]) == 6
+
+
+def test_the_grid_runs_the_longest_configurations_first():
+    """pearl (elastic, adaptive PD, borrowing) before rlboost before roll (a fixed pool),
+    the larger pool first within a policy: the last process is not left with a long run."""
+    points = [Point(p, r, 2) for p in ("roll", "rlboost", "pearl") for r in (4, 20)]
+    assert [p.label for p in sorted(points, key=expected_work)] == [
+        "pearl r20 tp2",
+        "pearl r4 tp2",
+        "rlboost r20 tp2",
+        "rlboost r4 tp2",
+        "roll r20 tp2",
+        "roll r4 tp2",
+    ]
