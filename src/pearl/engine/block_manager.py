@@ -194,46 +194,30 @@ class BlockManager:
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
-        ref, hashes, by_hash, lru, queued = (
-            self._ref,
-            self._hash,
-            self._by_hash,
-            self._lru,
-            self._queued,
-        )
-        tail_first = block_ids[::-1]  # tail blocks are evicted before their prefix
-        if list(map(ref.__getitem__, tail_first)).count(1) == len(tail_first):
-            # In bulk (the rule: a sequence's own blocks, held once): every block becomes
-            # unreferenced; the cache's copies queue for eviction, the others are free.
-            for block_id in tail_first:
-                ref[block_id] = 0
-            owners = list(map(by_hash.get, map(hashes.__getitem__, tail_first)))
-            cached = [b for b, owner in zip(tail_first, owners, strict=True) if owner == b]
-            lru.extend(cached)
-            for block_id in cached:
-                queued[block_id] += 1
-            self._num_evictable += len(cached)
-            if len(cached) < len(tail_first):
-                private = [b for b, owner in zip(tail_first, owners, strict=True) if owner != b]
-                for block_id in private:
-                    self._reset(block_id)
-                self._free.extend(private)
-        else:
-            for block_id in tail_first:
-                left = ref[block_id] - 1
-                ref[block_id] = left
-                if left:
-                    assert left > 0, f"block {block_id} freed twice"
-                    continue
-                h = hashes[block_id]
-                if h != NO_HASH and by_hash.get(h) == block_id:
-                    lru.append(block_id)
-                    queued[block_id] += 1
-                    self._num_evictable += 1
-                else:
-                    self._reset(block_id)
-                    self._free.append(block_id)
-        if len(lru) > 2 * self._num_evictable + self.LRU_SLACK:
+        ref = self._ref
+        unreferenced = []
+        for block_id in reversed(block_ids):  # tail blocks are evicted before their prefix
+            left = ref[block_id] - 1
+            ref[block_id] = left
+            if not left:
+                unreferenced.append(block_id)
+            else:
+                assert left > 0, f"block {block_id} freed twice"
+        # The cache's own copies queue for eviction; the others (never hashed, or a
+        # duplicate of a cached block) are free. By list operations: this is hot.
+        owners = list(map(self._by_hash.get, map(self._hash.__getitem__, unreferenced)))
+        cached = [b for b, owner in zip(unreferenced, owners, strict=True) if owner == b]
+        self._lru.extend(cached)
+        queued = self._queued
+        for block_id in cached:
+            queued[block_id] += 1
+        self._num_evictable += len(cached)
+        if len(cached) < len(unreferenced):
+            private = [b for b, owner in zip(unreferenced, owners, strict=True) if owner != b]
+            for block_id in private:
+                self._reset(block_id)
+            self._free.extend(private)
+        if len(self._lru) > 2 * self._num_evictable + self.LRU_SLACK:
             self._compact_lru()
 
     def release(self, seq: Sequence) -> None:
