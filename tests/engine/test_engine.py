@@ -178,6 +178,18 @@ def test_sleep_releases_device_state_and_wake_restores_it(tiny_config):
     assert after.telemetry.prefill_tokens_cached == 0  # KV did not survive sleep
 
 
+def test_a_sleeping_engine_switches_role_and_serves_in_it_after_waking(tiny_config):
+    """The toggle sets a borrowed worker's role before restoring its device state (CI once
+    failed when the decision gave an overlap worker a non-colocated role)."""
+    eng = make_engine(tiny_config)
+    eng.sleep()
+    assert eng.set_role(Role.PREFILL, InFlight.HAND_BACK) == []
+    eng.wake()
+    assert eng.scheduler.config.role is Role.PREFILL
+    eng.set_role(Role.COLOCATED)
+    assert eng.generate([Request("a", [1, 2, 3], GREEDY)])["a"].token_ids
+
+
 def test_sleep_refuses_with_requests_in_flight(tiny_config):
     eng = make_engine(tiny_config)
     eng.add_request(Request("a", [1, 2, 3], GREEDY))

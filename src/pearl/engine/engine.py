@@ -310,8 +310,9 @@ class LLMEngine:
     # -- roles ----------------------------------------------------------------------
     def set_role(self, role: Role, in_flight: InFlight = InFlight.DRAIN) -> list[RequestOutput]:
         """Switch to ``role``. In-flight work the new role cannot run is drained (finished in
-        the old role) or handed back (aborted, partial outputs returned)."""
-        self._check_awake()
+        the old role) or handed back (aborted, partial outputs returned). A sleeping engine
+        has nothing in flight and may switch too: the intra-scale toggle sets a borrowed
+        worker's role before it restores the worker's device state."""
         role, in_flight = Role(role), InFlight(in_flight)
         outputs: list[RequestOutput] = []
         if in_flight is InFlight.HAND_BACK:
