@@ -47,6 +47,8 @@ class KVChunk:
     model_id: str
     dtype: str
     block_size: int  # of the sender (informational: KV travels token-major)
+    # The exporter's weights when it exported; the importer must run the same version.
+    # KV of a session that lived through an update is older in part: ``cacheable`` False.
     weight_version: int
     session_id: str
     start: int
