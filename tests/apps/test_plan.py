@@ -220,3 +220,41 @@ def test_the_grid_runs_the_longest_configurations_first():
         "roll r20 tp2",
         "roll r4 tp2",
     ]
+
+
+def test_a_reserved_pool_runs_once_and_its_run_stands_for_every_trace(tmp_path):
+    """roll never reads the availability trace: the grid simulates it on the first trace
+    only, and its run on the other trace is what simulating there gives (but for the
+    wall time); rlboost follows the trace and runs on both. A resumed plan whose copy was
+    lost writes it again from the kept run."""
+    from pearl.apps.experiment import run_one
+    from pearl.apps.plan import _job_config, load_plan_config
+
+    args = plan_args(
+        tmp_path,
+        "r",
+        "policies=[roll,rlboost]",
+        "elastic.segments=[segment1,segment2]",
+        "plan.reserved_gpus=[4]",
+        "plan.check_seeds=0",
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "plan grid: 3 runs" in result.output  # roll once, rlboost on both traces
+    runs = tmp_path / "r" / "runs"
+    copy = json.loads((runs / "roll@r4-tp2@segment2@seed0.json").read_text())
+    assert copy["same_run_as"] == "roll@r4-tp2@segment1@seed0" and copy["segment"] == "segment2"
+    assert "same_run_as" not in json.loads(
+        (runs / "rlboost@r4-tp2@segment2@seed0.json").read_text()
+    )
+    cfg = load_plan_config(str(CONFIGS / "headline.yaml"), args[3:])
+    simulated = run_one(_job_config(cfg, Point("roll", 4, 2), 0), "roll", "segment2")
+    for run in (copy, simulated):
+        del run["wall_s"]
+    del copy["same_run_as"]
+    assert json.loads(json.dumps(simulated)) == copy
+    (runs / "roll@r4-tp2@segment2@seed0.json").unlink()
+    again = CliRunner().invoke(app, ["plan", "--resume", str(tmp_path / "r")])
+    assert again.exit_code == 0, again.output
+    assert "plan grid" not in again.output  # nothing simulated again
+    assert (runs / "roll@r4-tp2@segment2@seed0.json").is_file()

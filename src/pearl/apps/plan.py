@@ -10,8 +10,9 @@ reserved price), against the tokens it trained. The frontier is the configuratio
 other beats on both trained tokens per second and cost per million trained tokens; the
 recommendation is the cheapest per trained token, with its margin to the runner-up, and
 the two are re-run on ``plan.check_seeds`` other workload seeds to show whether the
-ranking holds. Each finished run is kept in ``runs/`` at once; ``--resume`` runs only
-what is missing.
+ranking holds. A policy that never reads the trace (a reserved pool: ``roll``) is
+simulated once per configuration and seed, its run standing for every trace. Each finished
+run is kept in ``runs/`` at once; ``--resume`` runs only what is missing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from pearl.apps.experiment import run_one
+from pearl.apps.experiment import load_segment_or_csv, run_one
 from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
 from pearl.config import PlanConfig, dump_config, load_config
 from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
@@ -115,6 +116,19 @@ def _job_config(cfg: PlanConfig, point: Point, seed: int) -> dict:
 def _key(point: Point, segment: str, seed: int) -> str:
     name = Path(segment).stem if segment.endswith(".csv") else segment
     return f"{point.policy}@r{point.reserved}-tp{point.tp}@{name}@seed{seed}"
+
+
+def same_run(result: dict, source: str, segment: str) -> dict:
+    """The run of a policy that never reads the trace (``Policy.reads_trace``) on
+    ``segment``: ``result``, its run on another trace, with that trace's name and mean;
+    ``same_run_as`` names the run, and ``wall_s`` is 0 (nothing was simulated)."""
+    return {
+        **result,
+        "segment": segment,
+        "trace_mean_gpus": load_segment_or_csv(segment).mean(),
+        "wall_s": 0.0,
+        "same_run_as": source,
+    }
 
 
 def price(run: dict, point: Point, cfg: PlanConfig) -> dict:
@@ -256,26 +270,46 @@ def run_plan(
     runs: dict[str, dict] = {}
     lost: dict[str, str] = {}
 
+    def keep(key: str, result: dict) -> None:
+        partial = kept / f"{key}.part"
+        partial.write_text(json.dumps(result, sort_keys=True) + "\n")
+        partial.replace(kept / f"{key}.json")
+        runs[key] = result
+
     def run_all(jobs: list[tuple[Point, str, int]], what: str) -> None:
         todo = []
+        # A policy that never reads the trace (a reserved pool) runs once, on the first
+        # trace; its run on every other trace is a copy (run key -> [(key, trace)]).
+        copies: dict[str, list[tuple[str, str]]] = {}
         # Longest runs first, so the last process is not left alone with a long one.
         for point, segment, s in sorted(jobs, key=lambda job: expected_work(job[0])):
             key = _key(point, segment, s)
             path = kept / f"{key}.json"
+            source = key if get_policy(point.policy).reads_trace else _key(point, traces[0], s)
             if path.is_file():
                 runs[key] = json.loads(path.read_text())
+            elif source != key:
+                copies.setdefault(source, []).append((key, segment))
             else:
                 todo.append((key, (_job_config(cfg, point, s), point.policy, segment)))
+
+        def copy_runs(source: str) -> None:
+            for key, segment in copies.pop(source, []):
+                keep(key, same_run(runs[source], source, segment))
+
+        for source in [k for k in copies if k in runs]:  # the run itself was kept before
+            copy_runs(source)
         if not todo:
             return
-        log(f"{what}: {len(todo)} runs ({len(jobs) - len(todo)} kept) in {cfg.processes} processes")
+        log(
+            f"{what}: {len(todo)} runs ({len(jobs) - len(todo)} kept or the same run on "
+            f"another trace) in {cfg.processes} processes"
+        )
         with Progress(len(todo), what) as bar:
 
             def finished(key, result: dict) -> None:
-                partial = kept / f"{key}.part"
-                partial.write_text(json.dumps(result, sort_keys=True) + "\n")
-                partial.replace(kept / f"{key}.json")
-                runs[key] = result
+                keep(key, result)
+                copy_runs(key)
                 bar.advance(f"{key}: {result['throughput']:,.0f} tok/s")
 
             def died(key, why: str) -> None:

@@ -87,6 +87,13 @@ class Policy:
                 f"got {self.fixed_rollout_gpus}"
             )
 
+    @property
+    def reads_trace(self) -> bool:
+        """Whether a run depends on the availability trace: an elastic pool follows it, a
+        fixed pool is sized from its mean; a reserved pool never looks at it, so its runs
+        on different traces are one run."""
+        return self.pool is not Pool.RESERVED
+
     def static_counts(self, workers: int) -> tuple[int, int]:
         """``(N_P, N_D)`` for ``workers`` >= 2 under the static ratio."""
         p, d = self.static_split
