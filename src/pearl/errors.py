@@ -39,6 +39,11 @@ class EngineStateError(PearlError, RuntimeError):
     """An operation is not valid in the engine's current state (asleep, wrong role)."""
 
 
+class StalenessError(PearlError, RuntimeError):
+    """A rollout batch older than the pipeline's staleness bound reached the trainer (a
+    scheduling bug: the step is refused rather than trained on)."""
+
+
 class WorkloadError(PearlError, ValueError):
     """A workload value (trajectory, profile, availability trace) is inconsistent or out of range."""
 

@@ -8,6 +8,7 @@ from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.interfaces import AsyncioClock
 from pearl.control.pipeline import PipelineConfig, PipelineScheduler, WeightSync, throughput
 from pearl.control.router import Router
+from pearl.errors import StalenessError
 from pearl.sim.clock import run_virtual
 from pearl.sim.costmodel import CostModel
 from pearl.sim.hardware import get_gpu
@@ -33,35 +34,57 @@ class Events:
         self.log.append(("finished", step, self.clock.now(), version))
 
 
-def run_pipeline(steps, staleness, overlap=False):
+class SlowTrainer(SimulatedTrainer):
+    """A simulated trainer that starts at a given version and trains ``extra_s`` longer."""
+
+    def __init__(self, cost, start_version=0, extra_s=0.0):
+        super().__init__(cost, num_gpus=4)
+        self._version = start_version
+        self.extra_s = extra_s
+
+    async def train_step(self, batch):
+        await asyncio.sleep(self.extra_s)
+        return await SimulatedTrainer.train_step(self, batch)
+
+
+def run_pipeline(steps, staleness, overlap=False, start_version=0, extra_train_s=0.0, sync=True):
+    """``sync=False``: a broken weight sync that reaches no worker (they keep v0)."""
     cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
     profile = get_profile("tiny")
 
     async def main():
         clock = AsyncioClock()
         workers = [
-            SimulatedWorker(f"w{i}", cost, SimEngineConfig(num_kv_blocks=4096), vocab_size=151_936)
+            SimulatedWorker(
+                f"w{i}",
+                cost,
+                SimEngineConfig(num_kv_blocks=4096),
+                vocab_size=151_936,
+                weight_version=start_version,
+            )
             for i in range(2)
         ]
         router = Router()
         router.set_topology(colocated=workers)
-        trainer = SimulatedTrainer(cost, num_gpus=4)
-        sync = WeightSync(lambda: workers, cost.weight_sync_time)
+        trainer = SlowTrainer(cost, start_version, extra_train_s)
+        weight_sync = WeightSync(lambda: workers if sync else [], cost.weight_sync_time)
         events = Events(clock)
         pipeline = PipelineScheduler(
             lambda i: generate_batch(profile, seed=100 + i),
             router,
             trainer,
-            sync,
+            weight_sync,
             clock,
             AgentLoopConfig(vocab_size=151_936),
             PipelineConfig(num_steps=steps, max_staleness=staleness, overlap_batches=overlap),
             events,
         )
-        records = await pipeline.run()
-        for w in workers:
-            w.close()
-        return records, events.log, sync.syncs
+        try:
+            records = await pipeline.run()
+        finally:
+            for w in workers:
+                w.close()
+        return records, events.log, weight_sync.syncs
 
     return run_virtual(main)[0]
 
@@ -138,3 +161,27 @@ def test_overlapping_batches_start_before_the_previous_batch_finishes():
         assert overlapped[i].rollout_started >= overlapped[i - 2].sync_finished
         assert overlapped[i].weight_versions[0] >= i - 1
     assert overlapped[-1].sync_finished < sequential[-1].sync_finished
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_resumed_run_keeps_the_staleness_bound(staleness, overlap):
+    # From a checkpoint at v20 with training far slower than rollout: batch i must wait for
+    # v20 + i - staleness (the bound counted steps from 0 let batches run ahead, staleness
+    # growing by one per step).
+    records, log, _ = run_pipeline(
+        steps=5, staleness=staleness, overlap=overlap, start_version=20, extra_train_s=200.0
+    )
+    trained = [e[3] for e in log if e[0] == "finished" and e[1] >= 0]
+    assert trained == [21, 22, 23, 24, 25]
+    for i, rec in enumerate(records):
+        assert rec.weight_versions[0] >= 20 + i - staleness
+        # The trainer trains weights v20 + i on it: at most `staleness` versions newer.
+        assert 20 + i - rec.weight_versions[0] <= staleness
+
+
+def test_a_batch_older_than_the_bound_is_refused_before_training():
+    # A weight sync that reaches no worker leaves every turn on v0: step 2 (trainer at v2,
+    # staleness 0 allowed) must not train on it.
+    with pytest.raises(StalenessError, match="staleness 2 exceeds max_staleness=1"):
+        run_pipeline(steps=4, staleness=1, sync=False)
