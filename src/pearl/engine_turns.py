@@ -20,6 +20,7 @@ def engine_request(turn: TurnRequest, pin_session: bool = True) -> Request:
         seed=turn.seed,
         max_new_tokens=turn.max_new_tokens,
         ignore_eos=turn.ignore_eos,
+        stop_token_ids=tuple(turn.stop_token_ids),
     )
     # No copy here: the engine's Sequence copies the prompt, and a turn's context is never
     # mutated once sent (the agent loop builds a new list per turn).
@@ -49,4 +50,5 @@ def turn_output(
             prefill_worker=worker_id if role is not Role.DECODE else None,
             decode_worker=worker_id if role is not Role.PREFILL else None,
         ),
+        version_spans=out.version_spans,
     )

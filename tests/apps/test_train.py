@@ -198,6 +198,9 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
     ]
     kinds = {e.get("kind") for e in events}
     assert {"start", "shrink", "borrow", "give_back"} <= kinds
+    # One dedicated worker: PD waits for the pool to grow, and says so.
+    (said,) = [e for e in events if e.get("kind") == "pd_colocated"]
+    assert (said["workers"], said["most"]) == (1, 3) and "once it has 2" in said["why"]
 
 
 def run_with_kills(chat_model, tmp_path, steps: int, every_s: float):
@@ -268,6 +271,19 @@ def test_borrowing_lends_the_slot_of_a_trainer_of_two_processes(chat_model, tmp_
     assert out["counters"]["borrow_rounds"] >= 1
     nodes = out["nodes"]
     assert sum(a.startswith("trainer") for n in nodes.values() for a in n["actors"]) == 2
+
+
+def test_a_static_pd_split_on_a_pool_that_can_never_split_is_refused():
+    from pearl.apps.train.config import load_train_config
+
+    with pytest.raises(ConfigError, match="needs at least 2 rollout workers.*rollout.workers=2"):
+        load_train_config(None, ["cluster.policy=static-pd"])
+    with pytest.raises(ConfigError, match="never has more than 1"):  # offered but never given
+        load_train_config(None, ["cluster.policy=static-pd", "cluster.preemptible_workers=2"])
+    load_train_config(None, ["cluster.policy=static-pd", "rollout.workers=2"])
+    grows = ["cluster.policy=static-pd", "cluster.preemptible_workers=1"]
+    assert load_train_config(None, [*grows, "cluster.availability=[[5, 1]]"]).pool_sizes() == (1, 2)
+    assert load_train_config(None, ["cluster.policy=pearl"]).pool_sizes() == (1, 2)  # borrowing
 
 
 def test_train_config_errors_name_the_key():
@@ -510,6 +526,46 @@ def test_an_installed_environment_package_trains_by_its_entry_point_name(chat_mo
     for key in ("reward_mean", "loss", "rollout_tokens", "env_failures"):
         assert logged[f"train/{key}"] == pytest.approx(rows[0][key])
     assert logged["eval_after/success_rate"] == summary["after"]["success_rate"]
+
+
+def test_top_p_and_top_k_sample_rollouts_and_score_them_in_the_trainer(
+    chat_model, tmp_path, ray_runtime, monkeypatch
+):
+    """``rollout.top_p`` / ``rollout.top_k`` reach the engines and the trainer: step 0 trains
+    the weights that sampled, under the same truncated distribution, so its mean ratio is 1
+    (an environment whose reward varies within a group, so tokens are scored)."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    (tmp_path / "parity_env.py").write_text(
+        "from pearl.envs.base import StepResult\n\n"
+        "class Parity:\n"
+        "    system_prompt = 'Reply.'\n"
+        "    success = False\n\n"
+        "    async def reset(self, seed):\n"
+        "        return 'Say something.'\n\n"
+        "    async def step(self, action):\n"
+        "        return StepResult('', float(len(action) % 2), True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [
+        f"model.name={chat_model}",
+        "env.name=parity_env:Parity",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "rollout.top_p=0.9",
+        "rollout.top_k=40",
+        "run.steps=1",
+        "run.eval_tasks=0",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=truncated",
+    ]
+    TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    folder = tmp_path / "truncated"
+    (row,) = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert row["scored_tokens"] > 0
+    assert row["mean_ratio"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(

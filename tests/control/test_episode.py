@@ -118,7 +118,18 @@ def test_an_episodes_tool_calls_are_counted_in_its_trajectory_and_the_steps_row(
         train_finished=2.0,
         rollout_tokens=10,
         step=0,
-        weight_versions=[0],
+        tokens_by_version={(0, 0): 10},
     )
     row = step_row(rec, version=1, offset=0, elapsed=2.0)
     assert (row["tool_calls"], row["malformed_tool_calls"]) == (3, 1)
+
+
+def test_staleness_counts_the_kv_behind_each_token():
+    from pearl.apps.train.metrics import staleness
+
+    # Trained by v2: 10 tokens of v1 on v1's KV, 5 of v2 sampled on v1's KV, 5 all v2.
+    got = staleness({(1, 1): 10, (2, 1): 5, (2, 2): 5}, trained=2)
+    assert got == {"staleness": 1, "staleness_mean": 0.75, "tokens_on_older_kv": 5}
+    # Tagged by its sampling weights only, the (2, 1) tokens would look fresh.
+    assert staleness({(2, 1): 5}, trained=2)["staleness"] == 1
+    assert staleness({}, trained=2)["staleness"] == 0

@@ -185,3 +185,32 @@ def test_a_batch_older_than_the_bound_is_refused_before_training():
     # staleness 0 allowed) must not train on it.
     with pytest.raises(StalenessError, match="staleness 2 exceeds max_staleness=1"):
         run_pipeline(steps=4, staleness=1, sync=False)
+
+
+def test_each_token_counts_the_oldest_weights_behind_it():
+    # Staleness 1: batch i + 1 rolls out while step i trains, and the new weights land with
+    # its turns in flight. Their later tokens are sampled by the new weights on KV the old
+    # ones computed: counted under (new, old), and the batch's oldest version is the KV's.
+    records, _, _ = run_pipeline(steps=4, staleness=1)
+    for rec in records:
+        assert sum(rec.tokens_by_version.values()) == rec.rollout_tokens
+        assert rec.weight_versions[0] == min(kv for _, kv in rec.tokens_by_version)
+        assert rec.weight_versions[1] == max(w for w, _ in rec.tokens_by_version)
+        assert all(kv <= w for w, kv in rec.tokens_by_version)
+    assert any(kv < w for rec in records for w, kv in rec.tokens_by_version)
+
+
+def test_joined_turn_outputs_keep_each_tokens_versions():
+    from pearl.control.interfaces import TurnOutput
+
+    a = TurnOutput("r", "s", [1, 2, 3], [0.0] * 3, "abort", 4, version_spans=((0, 3, 3), (2, 4, 3)))
+    b = TurnOutput("r/resume1", "s", [5, 6], [0.0] * 2, "stop", 4)  # recomputed under v4
+    c = TurnOutput("r", "s", [], [], "abort", 3)
+    joined = a.joined(b, request_id="r")
+    assert joined.token_ids == [1, 2, 3, 5, 6] and joined.request_id == "r"
+    assert joined.version_spans == ((0, 3, 3), (2, 4, 3), (3, 4, 4))
+    assert joined.tokens_by_version() == {(3, 3): 2, (4, 3): 1, (4, 4): 2}
+    assert joined.oldest_version == 3 and joined.weight_version == 4
+    assert c.joined(b).version_spans == ((0, 4, 4),)  # an empty first part adds no span
+    assert a.joined(c).version_spans == a.version_spans
+    assert b.tokens_by_version(n=7) == {(4, 4): 7}  # a turn whose ids were dropped

@@ -551,3 +551,41 @@ def test_a_bfloat16_engine_keeps_weights_and_kv_in_bfloat16_and_moves_kv_between
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="cuda.is_available"):
             make_engine(tiny_config, device="cuda")
+
+
+def test_tokens_sampled_on_kv_of_older_weights_carry_its_version(tiny_config):
+    """Every output token records which weights sampled it and the oldest weights in the KV
+    it attended to: a turn decoding when v1 lands goes on as ``(v1, kv v0)``; the next turn
+    of a session kept across the update samples all its tokens on v0's KV; a turn the
+    prefix cache cannot serve (it was emptied) computes its own KV under v1; KV moved to a
+    decode engine carries its oldest version through the wire format. Before, every token
+    of these turns was tagged v1."""
+    sp = SamplingParams(temperature=0.7, seed=5, max_new_tokens=10, ignore_eos=True)
+    eng = make_engine(tiny_config)
+    prompt = prompts(1, [12])[0]
+    eng.generate([Request("kept", prompt, sp, session_id="k", pin_session=True)])
+    eng.add_request(Request("busy", prompts(1, [9], seed=1)[0], sp, session_id="b"))
+    for _ in range(4):  # the prompt in one chunk, then three decodes: 4 tokens sampled
+        eng.step()
+    new = build_model(tiny_config, seed=1).state_dict()
+    eng.load_weights(new, 1, in_flight=True)
+    busy = eng.run()[0]
+    assert busy.version_spans == ((0, 0, 0), (4, 1, 0))
+    assert busy.weight_version == 1
+    cont = prompt + [3, 4, 5]  # the kept session's next turn, appended
+    nxt = eng.generate([Request("next", cont, sp, session_id="k", pin_session=True)])["next"]
+    assert nxt.telemetry.prefill_tokens_cached > 0  # it continued on the old KV
+    assert nxt.version_spans == ((0, 1, 0),)
+    fresh = eng.generate([Request("fresh", prompts(1, [9], seed=2)[0], sp)])["fresh"]
+    assert fresh.version_spans == ((0, 1, 1),)
+    # The kept session's KV (computed in part by v0) moved to a decode engine at v1.
+    P = make_engine(tiny_config, role=Role.PREFILL)
+    D = make_engine(tiny_config, role=Role.DECODE)
+    P.generate([Request("p", prompt, GREEDY, session_id="s")])
+    P.load_weights(new, 1, in_flight=True)
+    D.load_weights(new, 1)
+    chunk = KVChunk.from_bytes(P.export_kv("s", 0, len(prompt)).to_bytes())
+    assert (chunk.weight_version, chunk.kv_version) == (1, 0)
+    D.import_kv(chunk)
+    out = D.generate([Request("d", prompt + [7], GREEDY, session_id="s")])["d"]
+    assert out.version_spans == ((0, 1, 0),)

@@ -104,6 +104,50 @@ def test_trainer_logprobs_equal_the_engines():
                 assert trainer_lp == 0.0
 
 
+def test_with_top_k_and_top_p_the_ratio_is_one_on_the_weights_that_sampled():
+    """Tokens drawn from the truncated distribution carry its log-probability (what vLLM's
+    processed log-probabilities are), and a trainer told the same truncation computes the
+    same: its ratio is 1 at step 0 and nothing is clipped. Scored against the full
+    distribution (the trainer without truncation), the ratio is not 1."""
+    engine = tiny_engine(128)
+    temperature, top_k, top_p = 0.8, 12, 0.7
+    sp = [
+        SamplingParams(temperature, top_p, top_k, seed=i, max_new_tokens=8, ignore_eos=True)
+        for i in range(4)
+    ]
+    samples = []
+    for i in range(4):
+        prompt = [1 + (i * 5 + k) % 100 for k in range(7 + i)]
+        turns = two_turns(engine, prompt, [3, 4, 5], lambda turn, i=i: sp[i], f"t{i}")
+        samples.append(TrainSample(*turns, float(i % 2), f"g{i // 2}"))
+    batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
+    spec = ModelSpec(config=LLAMA, seed=0)
+    same = GRPOTrainer(spec, TrainerConfig(temperature=temperature, top_k=top_k, top_p=top_p))
+    for sample, scored in zip(samples, same.score(samples), strict=True):
+        for m, engine_lp, trainer_lp in zip(sample.loss_mask, sample.logprobs, scored, strict=True):
+            if m:
+                assert trainer_lp == pytest.approx(engine_lp, abs=1e-5)
+    stats = same.train_step(batch)
+    assert stats["mean_ratio"] == pytest.approx(1.0, abs=1e-6) and stats["clip_fraction"] == 0
+    full = GRPOTrainer(spec, TrainerConfig(temperature=temperature)).train_step(batch)
+    assert full["mean_ratio"] < 0.9  # each token's full-distribution probability is lower
+
+
+def test_truncation_keeps_the_most_probable_tokens_and_renormalizes():
+    from pearl.engine.sampler import truncated_log_softmax
+
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    assert torch.allclose(
+        truncated_log_softmax(logits, 2, 1.0).exp(), torch.tensor([[5 / 7, 2 / 7, 0, 0, 0]])
+    )
+    # top-p 0.8: 0.5, 0.2 (0.7 before it < 0.8) and 0.15 (0.7 < 0.8) stay; 0.1 (0.85) goes
+    kept = truncated_log_softmax(logits, 0, 0.8).exp()
+    assert torch.allclose(kept, torch.tensor([[0.5, 0.2, 0.15, 0, 0]]) / 0.85)
+    assert torch.equal(
+        truncated_log_softmax(logits, 0, 0.1).exp(), torch.tensor([[1.0, 0, 0, 0, 0]])
+    )
+
+
 def test_a_step_lowers_the_loss_on_its_batch_and_refuses_while_lent():
     samples = rollout_samples()
     trainer = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3))

@@ -76,17 +76,64 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         await server.abort_all()
         cut = await long
         assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < 400
+        assert all(o.version_spans == ((0, 0, 0),) for o in outs)  # vLLM's "default" label
+        # top-k / top-p: the log-probabilities of the truncated distribution the tokens were
+        # drawn from, as a trainer told the same truncation computes them (ratio 1)
+        truncated = GRPOTrainer(
+            ModelSpec(folder=smollm2), TrainerConfig(temperature=0.7, top_k=20, top_p=0.8)
+        )
+        narrow = TurnRequest("k", "sk", prompt, 12, temperature=0.7, top_p=0.8, top_k=20, seed=4)
+        out = await server.run_turn(narrow)
+        ids = prompt + out.token_ids
+        mask = [0] * len(prompt) + [1] * len(out.token_ids)
+        sample = TrainSample(tuple(ids), tuple(mask), (0.0,) * len(ids), 0.0, "g")
+        scored = truncated.score([sample])[0][len(prompt) :]
+        assert np.allclose(scored, out.logprobs, atol=2e-3), (scored, out.logprobs)
+        full = trainer.score([sample])[0][len(prompt) :]
+        assert sum(full) < sum(out.logprobs) - 0.1  # the full distribution's are lower
         # new weights: the same ones change nothing, others change the continuation
         version, weights = trainer.weights()
         assert await server.load_weights((1, weights)) == 1
         again = await server.run_turn(turns[0])
         assert again.token_ids == outs[0].token_ids and again.weight_version == 1
+        assert again.version_spans == ((0, 1, 1),)
         other = {n: (w * 0.5 if "mlp" in n else w) for n, w in weights.items()}
         await server.load_weights((2, other))
         changed = await server.run_turn(turns[0])
         assert changed.token_ids != outs[0].token_ids and changed.weight_version == 2
+        # weights landing with a turn in flight: its later tokens are tagged with the new
+        # version, and vLLM recomputed their KV under it (kv == weights)
+        long = asyncio.ensure_future(
+            server.run_turn(TurnRequest("mid", "s8", prompt, 300, temperature=0.7, seed=5))
+        )
+        await asyncio.sleep(1.0)
+        await server.load_weights((3, weights))
+        mid = await long
+        assert len(mid.token_ids) == 300 and mid.weight_version == 3
+        (first, v2, kv2), (switch, v3, kv3) = mid.version_spans
+        assert (first, v2, kv2, v3, kv3) == (0, 2, 2, 3, 3) and 0 < switch < 300
 
     try:
         asyncio.run(run())
     finally:
         server.shutdown()
+
+
+def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():
+    from types import SimpleNamespace
+
+    from pearl.errors import EngineStateError
+    from pearl.live.vllm_server import sampled_logprobs
+
+    def entry(token, logprob):  # the shape of vLLM's {token id: Logprob} per position
+        return {token: SimpleNamespace(logprob=logprob)}
+
+    assert sampled_logprobs("r", [5, 6], [entry(5, -0.5), entry(6, -1.5)]) == [-0.5, -1.5]
+    with pytest.raises(
+        EngineStateError, match="no log-probability for sampled token 6 at position 1"
+    ):
+        sampled_logprobs("r", [5, 6], [entry(5, -0.5), entry(7, -0.1)])
+    with pytest.raises(EngineStateError, match="no log-probability for sampled token 6"):
+        sampled_logprobs("r", [5, 6], [entry(5, -0.5), None])
+    with pytest.raises(EngineStateError, match="0 log-probability entries for the 2 tokens"):
+        sampled_logprobs("r", [5, 6], None)

@@ -49,9 +49,20 @@ class TrajectoryResult:
     def generated_tokens(self) -> int:
         return sum(self.generated)
 
-    @property
-    def weight_versions(self) -> list[int]:
-        return [t.weight_version for t in self.turns]
+    def version_range(self) -> tuple[int, int] | None:
+        """The oldest weights any generated token's distribution depended on (its KV's
+        included) and the newest that sampled one; None without turns."""
+        if not self.turns:
+            return None
+        return min(t.oldest_version for t in self.turns), max(t.weight_version for t in self.turns)
+
+    def tokens_by_version(self) -> dict[tuple[int, int], int]:
+        """Generated tokens by ``(weights, kv)`` versions (``TurnOutput.tokens_by_version``)."""
+        out: dict[tuple[int, int], int] = {}
+        for turn, n in zip(self.turns, self.generated, strict=True):
+            for key, count in turn.tokens_by_version(n).items():
+                out[key] = out.get(key, 0) + count
+        return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,7 +73,11 @@ class AgentLoopConfig:
     token_seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    """Episodes: a turn ends when the model samples one of these (the chat format's end of
+    turn and the model's end-of-sequence ids)."""
     # False: a finished turn is kept in ``TrajectoryResult.turns`` without its token ids and
     # log-probabilities (the simulator, where nothing trains on them: a batch in flight
     # would otherwise hold every response it generated, ~16 bytes a token).

@@ -109,10 +109,12 @@ async def run_episode(
             max_new_tokens=budget,
             temperature=config.temperature,
             top_p=config.top_p,
+            top_k=config.top_k,
             seed=None
             if config.seed is None
             else zlib.crc32(f"{config.seed}/{request_id}".encode()),
             ignore_eos=False,
+            stop_token_ids=config.stop_token_ids,
         )
         out = await router.run_turn(request)
         result.turns.append(out)

@@ -7,6 +7,7 @@ against them only. Pure Python: no torch, no engine, no simulator imports.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -35,6 +36,9 @@ class TurnRequest:
     top_k: int = 0
     seed: int | None = None
     ignore_eos: bool = True
+    stop_token_ids: tuple[int, ...] = ()
+    """The turn ends when one of these is sampled (kept in its output), even with
+    ``ignore_eos``, which ignores only the model config's end-of-sequence ids."""
 
 
 @dataclass(slots=True)
@@ -53,6 +57,13 @@ class TurnTelemetry:
     decode_worker: str | None = None
 
 
+VersionSpan = tuple[int, int, int]
+"""``(first token, weights, kv)``: from a turn's token ``first`` on (to the next span), tokens
+were sampled by a forward pass of weights version ``weights`` over KV whose oldest part
+weights ``kv`` computed (``kv <= weights``: older when new weights landed while the turn, or
+its session's kept KV, was in flight)."""
+
+
 @dataclass(slots=True)
 class TurnOutput:
     """A finished (or aborted) turn: generated tokens and their log-probabilities."""
@@ -62,8 +73,53 @@ class TurnOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
-    weight_version: int
+    weight_version: int  # the last token's weights
     telemetry: TurnTelemetry = field(default_factory=TurnTelemetry)
+    version_spans: tuple[VersionSpan, ...] = ()
+    """Which weights produced each token's distribution (``VersionSpan``); empty: every
+    token was sampled by ``weight_version`` on KV it computed."""
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest weights any of this turn's token distributions depended on."""
+        if not self.version_spans:
+            return self.weight_version
+        return min(kv for _, _, kv in self.version_spans)
+
+    def tokens_by_version(self, n: int | None = None) -> dict[tuple[int, int], int]:
+        """This turn's ``n`` generated tokens (default: those it holds) by ``(weights, kv)``
+        (``VersionSpan``)."""
+        n = len(self.token_ids) if n is None else n
+        spans = self._spans()
+        out: dict[tuple[int, int], int] = {}
+        for k, (first, weights, kv) in enumerate(spans):
+            end = spans[k + 1][0] if k + 1 < len(spans) else n
+            if end > first:
+                out[weights, kv] = out.get((weights, kv), 0) + end - first
+        return out
+
+    def _spans(self) -> tuple[VersionSpan, ...]:
+        return self.version_spans or ((0, self.weight_version, self.weight_version),)
+
+    def joined(self, rest: TurnOutput, **replace) -> TurnOutput:
+        """This turn's tokens followed by ``rest``'s (a resumed or prefill-then-decode turn):
+        its finish reason, last version and telemetry, unless given in ``replace``."""
+        offset = len(self.token_ids)
+        spans = list(self._spans() if offset else ())
+        for first, weights, kv in rest._spans() if rest.token_ids else ():
+            if not spans or spans[-1][1:] != (weights, kv):
+                spans.append((offset + first, weights, kv))
+        joined = TurnOutput(
+            request_id=self.request_id,
+            session_id=self.session_id,
+            token_ids=self.token_ids + rest.token_ids,
+            logprobs=self.logprobs + rest.logprobs,
+            finish_reason=rest.finish_reason,
+            weight_version=rest.weight_version,
+            telemetry=rest.telemetry,
+            version_spans=tuple(spans),
+        )
+        return dataclasses.replace(joined, **replace) if replace else joined
 
 
 @runtime_checkable

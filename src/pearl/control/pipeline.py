@@ -78,7 +78,11 @@ class StepRecord:
     sync_finished: float = 0.0
     rollout_tokens: int = 0
     train_tokens: int = 0
-    weight_versions: tuple[int, int] = (0, 0)  # oldest and newest version among the batch's turns
+    # The oldest weights any of the batch's tokens depended on (sampling or the KV it
+    # attended to) and the newest that sampled one.
+    weight_versions: tuple[int, int] = (0, 0)
+    # The batch's generated tokens by (weights that sampled them, oldest weights in their KV).
+    tokens_by_version: dict[tuple[int, int], int] = field(default_factory=dict)
     # Prompt tokens the batch's turns computed and served from cached KV (prefix cache, or
     # a session's kept KV); None until the batch is rolled out.
     prefill_tokens_computed: int | None = None
@@ -216,8 +220,14 @@ class PipelineScheduler:
         rec.rollout_tokens = result.generated_tokens
         rec.prefill_tokens_computed, rec.prefill_tokens_cached = result.prefill_tokens()
         rec.turns = sum(len(t.turns) for t in result.trajectories)
-        versions = [v for t in result.trajectories for v in t.weight_versions]
-        rec.weight_versions = (min(versions), max(versions)) if versions else (0, 0)
+        ranges = [r for t in result.trajectories if (r := t.version_range()) is not None]
+        if ranges:
+            rec.weight_versions = (min(r[0] for r in ranges), max(r[1] for r in ranges))
+        else:  # no turn ran: nothing older than the weights it started with
+            rec.weight_versions = (self.synced_version, self.synced_version)
+        for t in result.trajectories:
+            for key, n in t.tokens_by_version().items():
+                rec.tokens_by_version[key] = rec.tokens_by_version.get(key, 0) + n
         if self.listener is not None:
             await self.listener.on_rollout_finished(i, result)
         self._rolling.discard(i)

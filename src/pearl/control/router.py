@@ -164,15 +164,7 @@ class Router:
                 out.telemetry.first_token_at or rest.telemetry.first_token_at
             )
             rest.telemetry.preemptions += out.telemetry.preemptions
-            out = TurnOutput(
-                request_id=turn.request_id,
-                session_id=turn.session_id,
-                token_ids=out.token_ids + rest.token_ids,
-                logprobs=out.logprobs + rest.logprobs,
-                finish_reason=rest.finish_reason,
-                weight_version=rest.weight_version,
-                telemetry=rest.telemetry,
-            )
+            out = out.joined(rest, request_id=turn.request_id, session_id=turn.session_id)
         return out
 
     async def _wait_for_workers(self, session_id: str) -> None:
@@ -321,14 +313,8 @@ class Router:
         t.kv_transfer_s = seconds
         t.prefill_worker = p.worker_id
         t.preemptions += first.telemetry.preemptions
-        return TurnOutput(
-            request_id=turn.request_id,
-            session_id=turn.session_id,
-            token_ids=first.token_ids + rest.token_ids,
-            logprobs=first.logprobs + rest.logprobs,
-            finish_reason=rest.finish_reason,
-            weight_version=rest.weight_version,
-            telemetry=t,
+        return first.joined(
+            rest, request_id=turn.request_id, session_id=turn.session_id, telemetry=t
         )
 
     async def end_session(self, session_id: str) -> None:

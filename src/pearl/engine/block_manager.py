@@ -227,6 +227,7 @@ class BlockManager:
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
         seq.cacheable = True  # what it computes next, the current weights compute
+        seq.kv_version = None
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (new weights make cached KV stale)."""

@@ -257,6 +257,7 @@ class LLMEngine:
             keys=kv[:, 0].float().cpu().numpy(),
             values=kv[:, 1].float().cpu().numpy(),
             cacheable=seq.cacheable,
+            kv_version=seq.kv_version,
         )
 
     def import_kv(self, chunk: KVChunk) -> int:
@@ -283,6 +284,11 @@ class LLMEngine:
                 f"KV chunk of session {sid!r} was computed with weight version {chunk.weight_version}, "
                 f"this engine runs version {self.weight_version}"
             )
+        if chunk.oldest_version > chunk.weight_version:
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} claims KV of weights v{chunk.oldest_version}, "
+                f"newer than its exporter's v{chunk.weight_version}"
+            )
         expected = (cfg.num_hidden_layers, chunk.num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         if chunk.keys.shape != expected:
             raise KVTransferError(
@@ -299,7 +305,13 @@ class LLMEngine:
                 f"KV chunk of session {sid!r} ends at {chunk.end}, beyond max_model_len"
             )
         seq, overlap = self.scheduler.import_session(
-            sid, chunk.start, chunk.token_ids, chunk.prefix_digest, self.clock(), chunk.cacheable
+            sid,
+            chunk.start,
+            chunk.token_ids,
+            chunk.prefix_digest,
+            self.clock(),
+            chunk.cacheable,
+            chunk.oldest_version,
         )
         if overlap >= chunk.num_tokens:
             return 0

@@ -61,6 +61,13 @@ class KVChunk:
     # in part, before the exporter's current weights: the receiver continues the session on
     # it but never registers it in its prefix cache (``Scheduler.invalidate_cached_kv``).
     cacheable: bool = True
+    # The oldest weights version among the session's KV (this chunk's or its prefix's);
+    # None: ``weight_version``. The importer's tokens sampled on it are tagged with it.
+    kv_version: int | None = None
+
+    @property
+    def oldest_version(self) -> int:
+        return self.weight_version if self.kv_version is None else self.kv_version
 
     @property
     def num_tokens(self) -> int:
@@ -106,6 +113,7 @@ class KVChunk:
             "token_ids": list(self.token_ids),
             "prefix_digest": self.prefix_digest,
             "cacheable": self.cacheable,
+            "kv_version": self.oldest_version,
             "shape": list(self.keys.shape),
             "array_dtype": str(self.keys.dtype),
             "body_blake2b": _body_digest(keys, values),
@@ -139,6 +147,7 @@ class KVChunk:
                 token_ids=tuple(int(t) for t in header["token_ids"]),
                 prefix_digest=header["prefix_digest"],
                 cacheable=_flag(header.get("cacheable", True), "cacheable"),
+                kv_version=int(header.get("kv_version", header["weight_version"])),
             )
             digest = str(header["body_blake2b"])
         except (ValueError, KeyError, TypeError) as exc:

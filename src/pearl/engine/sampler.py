@@ -1,4 +1,11 @@
-"""Token sampling from logits: greedy, temperature, top-k, top-p, per-request seeds (torch)."""
+"""Token sampling from logits: greedy, temperature, top-k, top-p, per-request seeds (torch).
+
+A token's log-probability is taken under the distribution it was drawn from: softmax of
+the logits over the temperature, truncated by top-k then top-p and renormalized
+(``truncated_log_softmax``; vLLM's ``logprobs_mode=processed_logprobs`` returns the same).
+The trainer recomputes it with the same function, so its importance ratio is 1 on the
+weights that sampled.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +20,8 @@ def sample(
     positions: list[int],  # index in the sequence of each token being sampled
     generator: torch.Generator,
 ) -> tuple[list[int], list[float]]:
-    """Pick one token per row; return the tokens and their log-probabilities.
-
-    The log-probability is taken under ``softmax(logits / temperature)`` before
-    top-k/top-p truncation (under ``softmax(logits)`` for greedy rows), which is
-    what an RL trainer recomputes from the same weights.
-    """
+    """Pick one token per row; return the tokens and their log-probabilities (under
+    ``softmax(logits)`` for greedy rows)."""
     n = logits.shape[0]
     if n == 0:
         return [], []
@@ -30,33 +33,44 @@ def sample(
         logprobs_all = torch.log_softmax(logits / scale, dim=-1)
     if all(p.greedy for p in params):
         tokens = torch.argmax(logits, dim=-1)
-    else:
-        tokens = torch.empty(n, dtype=torch.long)
-        for i, p in enumerate(params):
-            if p.greedy:
-                tokens[i] = torch.argmax(logits[i])
-                continue
-            probs = _truncated_probs(logprobs_all[i], p.top_k, p.top_p)
+        return tokens.tolist(), logprobs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    tokens_out: list[int] = []
+    logprobs_out: list[float] = []
+    for i, p in enumerate(params):
+        row = logprobs_all[i]
+        if p.greedy:
+            token = int(torch.argmax(logits[i]))
+        else:
+            if p.top_k or p.top_p < 1.0:
+                row = truncated_log_softmax(row.unsqueeze(0), p.top_k, p.top_p)[0]
             gen = generator
             if p.seed is not None:
                 gen = torch.Generator().manual_seed(
                     (p.seed * 1_000_003 + positions[i]) & 0x7FFF_FFFF_FFFF_FFFF
                 )
-            tokens[i] = torch.multinomial(probs, 1, generator=gen)
-    chosen = logprobs_all.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    return tokens.tolist(), chosen.tolist()
+            probs = row.exp()
+            token = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+        tokens_out.append(token)
+        logprobs_out.append(float(row[token]))
+    return tokens_out, logprobs_out
 
 
-def _truncated_probs(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    probs = logprobs.exp()
-    if top_k and top_k < probs.shape[0]:
-        kth = torch.topk(probs, top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+def truncated_log_softmax(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``log_softmax`` of each row of ``logits`` [n, vocab] (already over the temperature)
+    restricted to its top-k tokens (ties with the k-th kept; 0 disables), then to the
+    smallest set of the most probable of those whose mass reaches ``top_p`` (a token is
+    kept while the tokens more probable than it hold less than ``top_p``; the most probable
+    always stays); -inf elsewhere. Differentiable in the kept logits (the trainer's ratio)."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits.detach(), top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits.detach() < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=0) / sorted_probs.sum()
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = cumulative - sorted_probs / sorted_probs.sum() >= top_p
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return probs / probs.sum()
+        with torch.no_grad():
+            sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs  # mass of the more probable tokens
+            drop_sorted = before >= top_p
+            drop_sorted[..., 0] = False
+            drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)

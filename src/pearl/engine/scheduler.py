@@ -143,6 +143,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._finished_early: list[RequestOutput] = []  # finished while scheduling
         self._preempted_now: set[int] = set()
+        # The weights of the latest iteration: the prefix cache holds only KV they computed
+        # (every weight update empties it).
+        self._weight_version = 0
 
     # -- queries ------------------------------------------------------------------
     @property
@@ -426,6 +429,7 @@ class Scheduler:
             seq.block_table = pinned.block_table
             seq.num_hashed_blocks = pinned.num_hashed_blocks
             seq.cacheable = pinned.cacheable
+            seq.kv_version = pinned.kv_version
             seq.num_computed_tokens = held
             pinned.block_table = []
             self.blocks.cache_queries += seq.num_tokens
@@ -434,6 +438,8 @@ class Scheduler:
             if seq.session_id is not None:
                 self.release_session(seq.session_id)
             held = self.blocks.attach_prefix(seq)
+            if held:  # every update empties the cache: what it holds, these weights computed
+                seq.kv_version = self._weight_version
         seq.telemetry.prefill_tokens_cached += held
 
     def _reserve(
@@ -485,18 +491,24 @@ class Scheduler:
         weight_version: int,
         now: float = 0.0,
     ) -> list[RequestOutput]:
-        """Apply one iteration's results; return the requests that finished (or were prefilled)."""
+        """Apply one iteration's results, computed by weights ``weight_version``; return
+        the requests that finished (or were prefilled)."""
+        self._weight_version = weight_version
         finished = self._finished_early
         self._finished_early = []
         for chunk in out.prefills:
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end
             seq.telemetry.prefill_tokens_computed += chunk.num_tokens
+            if seq.kv_version is None:
+                seq.kv_version = weight_version
             self.blocks.commit(seq)
         bs = self.blocks.block_size
         for seq in out.decodes:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 seq.telemetry.prefill_tokens_computed += 1  # a prompt's last token, run as a decode
+            if seq.kv_version is None:
+                seq.kv_version = weight_version
             seq.num_computed_tokens += 1
             if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block just filled
                 self.blocks.commit(seq)
@@ -504,6 +516,11 @@ class Scheduler:
         assert len(samplers) == len(sampled_tokens) == len(sampled_logprobs)
         cfg = self.config
         for seq, token, logprob in zip(samplers, sampled_tokens, sampled_logprobs, strict=True):
+            spans = seq.version_spans
+            kv = seq.kv_version
+            if not spans or spans[-1][1] != weight_version or spans[-1][2] != kv:
+                assert kv is not None  # it computed KV in this iteration
+                spans.append((len(seq.token_ids) - seq.num_prompt_tokens, weight_version, kv))
             seq.token_ids.append(token)
             seq.output_logprobs.append(logprob)
             seq.weight_version = weight_version
@@ -568,6 +585,7 @@ class Scheduler:
         prefix: str | Sequence_[int],
         now: float = 0.0,
         cacheable: bool = True,
+        kv_version: int | None = None,
     ) -> tuple[Sequence | None, int]:
         """Extend the pinned KV of ``session_id`` with tokens ``[start, start + len(token_ids))``
         computed elsewhere; reserve their blocks and mark them computed. ``prefix`` is the
@@ -576,7 +594,9 @@ class Scheduler:
         Returns the pinned sequence (``None`` for an empty chunk of a session not held) and
         how many leading tokens of the chunk were already held (their KV is kept). The
         caller writes the KV of the rest. ``cacheable=False`` (KV the sender computed, in
-        part, with older weights) keeps the session's blocks out of the prefix cache.
+        part, with older weights) keeps the session's blocks out of the prefix cache;
+        ``kv_version`` is the oldest weights version in the chunk's KV (None: this engine's
+        current weights).
         Raises ``KVPrefixMismatch`` if the chunk does not continue what is held
         (``match_session`` first), ``KVOutOfMemory`` if its blocks do not fit now; either
         way nothing changes.
@@ -636,6 +656,10 @@ class Scheduler:
         pinned.num_computed_tokens = end
         pinned.telemetry.kv_tokens_imported += end - held
         pinned.cacheable = pinned.cacheable and cacheable
+        if kv_version is None:
+            kv_version = self._weight_version
+        if pinned.kv_version is None or kv_version < pinned.kv_version:
+            pinned.kv_version = kv_version
         self.blocks.commit(pinned)
         self.sessions[session_id] = pinned
         return pinned, overlap

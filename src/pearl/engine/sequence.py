@@ -123,6 +123,12 @@ class RequestOutput:
     finish_reason: FinishReason
     weight_version: int
     telemetry: Telemetry
+    version_spans: tuple[tuple[int, int, int], ...] = ()
+    """Which weights produced each output token's distribution, as runs ``(first token,
+    weights, kv)``: from output token ``first`` on (to the next run), tokens were sampled by
+    a forward pass of weights ``weights`` over KV of which the oldest part was computed by
+    weights ``kv`` (<= ``weights``; older when an update landed with the request in flight,
+    or under its session's kept KV). ``weight_version`` is the last token's ``weights``."""
 
 
 class Sequence:
@@ -144,6 +150,8 @@ class Sequence:
         "weight_version",
         "attach_hint",
         "cacheable",
+        "kv_version",
+        "version_spans",
     )
 
     def __init__(self, request: Request, arrival: int, now: float) -> None:
@@ -165,6 +173,9 @@ class Sequence:
         # False once new weights landed under this sequence's KV: its blocks hold KV of older
         # weights (or attend to it) and never enter the prefix cache.
         self.cacheable = True
+        # The oldest weights version among the KV this sequence holds (None: holds none).
+        self.kv_version: int | None = None
+        self.version_spans: list[tuple[int, int, int]] = []  # see RequestOutput.version_spans
 
     @property
     def session_id(self) -> str | None:
@@ -196,6 +207,7 @@ class Sequence:
             finish_reason=reason,
             weight_version=self.weight_version,
             telemetry=self.telemetry,
+            version_spans=tuple(self.version_spans),
         )
 
     def __repr__(self) -> str:

@@ -27,6 +27,7 @@ import torch
 
 from pearl.control.episode import ENV_FAILURES
 from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
+from pearl.engine.sampler import truncated_log_softmax
 from pearl.errors import CheckpointError
 from pearl.live import packing
 from pearl.live.cluster import Placement, actor_location
@@ -46,6 +47,10 @@ class TrainerConfig:
     micro_batch_tokens: int = 2048
     temperature: float = 1.0
     """The sampling temperature the behaviour log-probabilities were computed at."""
+    top_k: int = 0
+    top_p: float = 1.0
+    """The rollout's truncation (0 / 1.0: none): the current log-probabilities are taken
+    under the same truncated distribution the tokens were drawn from."""
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"
     """float32, or bfloat16 for the forward and backward passes (mixed precision: the
@@ -58,6 +63,8 @@ class TrainerConfig:
             "max_grad_norm": self.max_grad_norm > 0,
             "micro_batch_tokens": self.micro_batch_tokens >= 16,
             "temperature": self.temperature > 0,
+            "top_k": self.top_k >= 0,
+            "top_p": 0 < self.top_p <= 1,
             "weight_decay": self.weight_decay >= 0,
             "dtype": self.dtype in DTYPES,
             "device": self.device == "cpu" or self.device.split(":")[0] == "cuda",
@@ -230,8 +237,13 @@ class GRPOTrainer:
         else:
             with torch.autocast(self.device.type, dtype=self.compute_dtype):
                 logits = self.scorer(batch)
-        logits = logits.float() / self.config.temperature
-        return torch.log_softmax(logits, dim=-1).gather(1, batch.targets.unsqueeze(1)).squeeze(1)
+        cfg = self.config
+        logits = logits.float() / cfg.temperature
+        if cfg.top_k or cfg.top_p < 1.0:
+            logprobs = truncated_log_softmax(logits, cfg.top_k, cfg.top_p)
+        else:
+            logprobs = torch.log_softmax(logits, dim=-1)
+        return logprobs.gather(1, batch.targets.unsqueeze(1)).squeeze(1)
 
     @torch.no_grad()
     def score(self, samples: list[TrainSample]) -> list[list[float]]:

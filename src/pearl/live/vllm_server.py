@@ -8,7 +8,9 @@ log-probabilities after temperature (``logprobs_mode=processed_logprobs``: what 
 importance ratio compares with), and cut short by ``abort_all`` with its partial output. New
 weights go through vLLM's own in-place reload (each model's ``load_weights``, then its
 kernels' repacking) inside vLLM's worker (``VllmWorkerExtension``, named in the engine's
-``worker_extension_cls``), between engine steps, with turns in flight. What vLLM cannot do here is declared: no KV export or
+``worker_extension_cls``), with turns in flight: the scheduler pauses, keeping them, and
+they recompute their KV under the new weights; each token's version comes from vLLM's own
+per-token weight-version labels. What vLLM cannot do here is declared: no KV export or
 import by token range (so no PD deployments), no sleep that frees memory on CPU (so no
 borrowing), no per-iteration log (the decision model keeps its prior). vLLM is imported only
 in the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
@@ -20,7 +22,7 @@ import os
 import time
 from typing import Any
 
-from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry
+from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, VersionSpan
 from pearl.control.rollout_engine import Capability, EngineCapabilities, EngineCapabilityError
 from pearl.engine.config import EngineConfig
 from pearl.errors import EngineStateError
@@ -104,6 +106,7 @@ class VllmServer:
             seed=turn.seed,
             max_tokens=turn.max_new_tokens,
             ignore_eos=turn.ignore_eos,
+            stop_token_ids=list(turn.stop_token_ids),
             logprobs=0,  # the sampled token's
         )
         prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
@@ -119,24 +122,23 @@ class VllmServer:
             self._running.discard(turn.request_id)
         tokens: list[int] = []
         logprobs: list[float] = []
+        spans: tuple[VersionSpan, ...] = ()
         reason = "abort"
         cached = 0
         if last is not None and last.outputs:
             completion = last.outputs[0]
             tokens = list(completion.token_ids)
-            logprobs = [
-                lp[tok].logprob if lp and tok in lp else 0.0
-                for tok, lp in zip(tokens, completion.logprobs or [], strict=False)
-            ]
+            logprobs = sampled_logprobs(turn.request_id, tokens, completion.logprobs)
             reason = _FINISH.get(str(completion.finish_reason), "abort")
             cached = last.num_cached_tokens or 0
+            spans = version_spans(completion.weight_versions)
         return TurnOutput(
             turn.request_id,
             turn.session_id,
             tokens,
             logprobs,
             reason,
-            self.version,
+            spans[-1][1] if spans else self.version,
             TurnTelemetry(
                 submitted_at=submitted,
                 first_token_at=first_token_at,
@@ -146,6 +148,7 @@ class VllmServer:
                 prefill_worker=self.worker_id,
                 decode_worker=self.worker_id,
             ),
+            spans,
         )
 
     async def session_length(self, session_id: str) -> int:
@@ -182,28 +185,35 @@ class VllmServer:
         raise EngineCapabilityError("the vLLM backend cannot free its memory here (no borrowing)")
 
     async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
-        """Install the trainer's ``(version, numpy weights)`` between engine steps."""
+        """Install the trainer's ``(version, numpy weights)`` with turns in flight: vLLM's
+        scheduler is paused (``mode="keep"``: requests stay queued), the weights reloaded,
+        every running request reset (preempted: it recomputes its KV under the new weights
+        when it resumes, so unlike our engine no token is sampled on KV of older weights),
+        the prefix cache emptied and vLLM's weight-version label set (it tags each output
+        token with the label of the step that sampled it), then generation resumes."""
         import tempfile
 
         from safetensors.numpy import save_file
 
         version, arrays = weights
-        # Handed to vLLM's worker process as a file in memory-backed /dev/shm where there is
-        # one (its RPC carries small messages, not a model's tensors).
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=where) as folder:
-            path = os.path.join(folder, f"v{version}.safetensors")
-            save_file({n: a for n, a in arrays.items()}, path)
-            await self.engine.collective_rpc("pearl_load_weights", args=(path,))
-        # Cached KV was computed by the old weights. vLLM resets the cache only with no
-        # request holding KV, unless running requests are reset too (they are preempted
-        # and recompute their KV under the new weights when they resume).
-        if not await self.engine.reset_prefix_cache(reset_running_requests=True):
-            raise EngineStateError(
-                f"vLLM did not reset its prefix cache after weights v{version}: later "
-                "requests would start from KV of the old weights"
-            )
-        self.version = version
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        try:
+            # Handed to vLLM's worker process as a file in memory-backed /dev/shm where there
+            # is one (its RPC carries small messages, not a model's tensors).
+            where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=where) as folder:
+                path = os.path.join(folder, f"v{version}.safetensors")
+                save_file({n: a for n, a in arrays.items()}, path)
+                await self.engine.collective_rpc("pearl_load_weights", args=(path,))
+            if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+                raise EngineStateError(
+                    f"vLLM did not reset its prefix cache after weights v{version}: later "
+                    "requests would start from KV of the old weights"
+                )
+            await self.engine.update_weight_version(str(version))
+            self.version = version
+        finally:
+            await self.engine.resume_generation()
         return version
 
     async def stats(self) -> dict[str, Any]:
@@ -222,6 +232,41 @@ class VllmServer:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def sampled_logprobs(request_id: str, tokens: list[int], logprobs: Any) -> list[float]:
+    """Each sampled token's log-probability from vLLM's per-position ``{token: Logprob}``
+    maps; a token missing from its map (or a missing map) raises: a behaviour
+    log-probability is never invented."""
+    positions = list(logprobs or [])
+    if len(positions) != len(tokens):
+        raise EngineStateError(
+            f"vLLM returned {len(positions)} log-probability entries for the {len(tokens)} "
+            f"tokens of request {request_id!r}"
+        )
+    out = []
+    for i, (token, entry) in enumerate(zip(tokens, positions, strict=True)):
+        if not entry or token not in entry:
+            raise EngineStateError(
+                f"vLLM returned no log-probability for sampled token {token} at position {i} "
+                f"of request {request_id!r}"
+            )
+        out.append(float(entry[token].logprob))
+    return out
+
+
+def version_spans(spans: Any) -> tuple[VersionSpan, ...]:
+    """vLLM's per-token ``WeightVersionSpan`` labels as ``VersionSpan``s. vLLM recomputes a
+    running request's KV after each update (``load_weights``), so a token's KV is always
+    its sampling weights' (``kv == weights``). Its label before the first update is
+    ``"default"``: the weights the server started with, version 0."""
+    out = []
+    for span in spans or ():
+        if span.end <= span.start:
+            continue
+        version = 0 if span.version == "default" else int(span.version)
+        out.append((span.start, version, version))
+    return tuple(out)
 
 
 def _assigned_gpu_fraction() -> float:

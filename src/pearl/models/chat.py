@@ -112,6 +112,31 @@ class ChatFormat:
         return self.tokenizer.decode(ids)
 
 
+def turn_stop_ids(
+    folder: str | Path, chat: ChatFormat, config_eos: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The ids that end a reply: the chat format's end of turn, the model config's
+    end-of-sequence ids and ``generation_config.json``'s (where the model folder has one),
+    sorted. A model whose configured end-of-sequence id is not its chat end token would
+    otherwise reply past ``<|im_end|>`` into turns it invents."""
+    ids = {chat.end_id, *config_eos}
+    path = Path(folder) / "generation_config.json"
+    if path.is_file():
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+        eos = raw.get("eos_token_id") if isinstance(raw, dict) else None
+        found = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        for tok in found:
+            if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                raise ConfigError(
+                    f"{path}: eos_token_id {eos!r} is not a token id or a list of them"
+                )
+            ids.add(tok)
+    return tuple(sorted(ids))
+
+
 def tools_system_prompt(system: str, tools: list[dict[str, Any]]) -> str:
     """``system`` followed by the tools and how to call them (for templates without tools)."""
     listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)

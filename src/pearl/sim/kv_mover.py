@@ -26,7 +26,7 @@ class SimKVMover:
         nbytes = self.cost.kv_bytes(end - start)
         clock = asyncio.get_running_loop()
         t0 = clock.time()
-        cacheable = await src.export_kv(session_id, start, end)
+        cacheable, kv_version = await src.export_kv(session_id, start, end)
         dst.kv_transfer_started()
         try:
             await self.network.transfer(
@@ -34,7 +34,7 @@ class SimKVMover:
             )
         finally:
             dst.kv_transfer_finished()
-        await dst.import_kv(session_id, token_ids, start, end, cacheable)
+        await dst.import_kv(session_id, token_ids, start, end, cacheable, kv_version)
         self.bytes_moved += nbytes
         self.transfers += 1
         # From the export's start to the import's end, as a live mover measures it.

@@ -211,10 +211,10 @@ class SimulatedWorker:
             await asyncio.sleep(self.config.rpc_overhead_s)
         await self._command(lambda: self.scheduler.release_session(session_id))
 
-    async def export_kv(self, session_id: str, start: int, end: int) -> bool:
+    async def export_kv(self, session_id: str, start: int, end: int) -> tuple[bool, int | None]:
         """Hand out the KV of tokens ``[start, end)`` of a session; returns whether it may
         enter a prefix cache (``KVChunk.cacheable``: False if older weights computed part of
-        it). With ``calls_wait_for_iteration`` the copy waits for the iteration in progress
+        it) and the oldest weights version in it (``KVChunk.kv_version``). With ``calls_wait_for_iteration`` the copy waits for the iteration in progress
         (a live worker copies it under the engine lock, so a move starts only at the prefill
         worker's next iteration boundary). Raises ``EngineStateError`` if the worker is
         stopped."""
@@ -222,10 +222,16 @@ class SimulatedWorker:
         if self._closed:
             raise EngineStateError(f"worker {self.worker_id} is stopped")
         held = self.scheduler.sessions.get(session_id)
-        return held.cacheable if held is not None else True
+        return (held.cacheable, held.kv_version) if held is not None else (True, None)
 
     async def import_kv(
-        self, session_id: str, token_ids: list[int], start: int, end: int, cacheable: bool = True
+        self,
+        session_id: str,
+        token_ids: list[int],
+        start: int,
+        end: int,
+        cacheable: bool = True,
+        kv_version: int | None = None,
     ) -> int:
         """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens added."""
         chunk = token_ids[start:end]
@@ -233,7 +239,7 @@ class SimulatedWorker:
 
         def apply() -> int:
             _, overlap = self.scheduler.import_session(
-                session_id, start, chunk, prefix, self._now(), cacheable
+                session_id, start, chunk, prefix, self._now(), cacheable, kv_version
             )
             return max(0, len(chunk) - overlap)
 

@@ -51,6 +51,16 @@ class TrainRolloutSection(_Section):
     temperature: float = Field(
         0.7, gt=0, le=2.0, description="sampling temperature (the trainer's ratio uses it too)"
     )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1.0,
+        description="nucleus sampling: draw from the most probable tokens holding this much "
+        "mass (1: off); behaviour and trainer log-probabilities use the truncated distribution",
+    )
+    top_k: int = Field(
+        0, ge=0, le=1_000_000, description="draw from the k most probable tokens (0: off)"
+    )
     kv_blocks: int = Field(
         512, ge=16, le=1_000_000, description="KV blocks of 16 tokens per worker"
     )
@@ -233,6 +243,38 @@ class TrainConfig(_Section):
         require_capabilities(
             get_policy(self.cluster.policy), server_class(self.rollout.backend).capabilities
         )
+        return self
+
+    def pool_sizes(self) -> tuple[int, int]:
+        """The fewest and the most rollout workers the policy can have at once: the
+        dedicated ones, plus the preemptible ones the availability changes bring (elastic
+        pools), plus the trainer's slot between updates (borrowing)."""
+        from pearl.control.policies import Borrowing, Pool, get_policy
+
+        policy = get_policy(self.cluster.policy)
+        most = self.rollout.workers
+        if policy.pool is Pool.ELASTIC:
+            offered = max((n for _, n in self.cluster.availability), default=0)
+            most += min(offered, self.cluster.preemptible_workers)
+        if policy.borrowing is not Borrowing.OFF:
+            most += 1
+        return self.rollout.workers, most
+
+    @model_validator(mode="after")
+    def _pd_pool_can_split(self) -> TrainConfig:
+        """A policy that always splits prefill and decode (a static P:D ratio) needs two
+        workers at some point; on a pool that never has them it would run colocated."""
+        from pearl.control.policies import PDMode, get_policy
+
+        policy = get_policy(self.cluster.policy)
+        if policy.pd in (PDMode.STATIC, PDMode.DISAGGREGATED) and self.pool_sizes()[1] < 2:
+            raise ValueError(
+                f"cluster.policy={policy.name} splits prefill and decode, which needs at least "
+                f"2 rollout workers (1 prefill + 1 decode); this pool never has more than "
+                f"{self.pool_sizes()[1]} (rollout.workers={self.rollout.workers}, "
+                f"{self.cluster.preemptible_workers} preemptible). Set rollout.workers=2, or "
+                "give preemptible workers (cluster.preemptible_workers and cluster.availability)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -47,11 +47,29 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "rollout_s": rollout_s,
         "train_s": rec.train_finished - rec.train_started,
         "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,
-        "staleness": version - 1 - rec.weight_versions[0],
+        **staleness(rec.tokens_by_version, version - 1),
         "weight_version": version,
         "loss": stats.get("loss", math.nan),
         "grad_norm": stats.get("grad_norm", math.nan),
         "clip_fraction": stats.get("clip_fraction", math.nan),
+        "mean_ratio": stats.get("mean_ratio", math.nan),
+    }
+
+
+def staleness(tokens_by_version: dict[tuple[int, int], int], trained: int) -> dict[str, Any]:
+    """How old the weights behind a batch's tokens were when weights ``trained`` trained on
+    it, counting for each token the oldest weights its distribution depended on (the KV it
+    attended to included): ``staleness`` the largest, ``staleness_mean`` per token, and
+    ``tokens_on_older_kv`` the tokens sampled by newer weights than part of their KV (turns
+    and kept sessions that lived through an update)."""
+    total = sum(tokens_by_version.values())
+    if not total:
+        return {"staleness": 0, "staleness_mean": 0.0, "tokens_on_older_kv": 0}
+    return {
+        "staleness": max(trained - kv for _, kv in tokens_by_version),
+        "staleness_mean": sum(n * (trained - kv) for (_, kv), n in tokens_by_version.items())
+        / total,
+        "tokens_on_older_kv": sum(n for (w, kv), n in tokens_by_version.items() if kv < w),
     }
 
 

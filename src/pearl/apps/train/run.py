@@ -38,7 +38,7 @@ class TrainRun:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> None:
         from pearl.envs.registry import env_factory
         from pearl.models.catalog import resolve_model
-        from pearl.models.chat import ChatFormat
+        from pearl.models.chat import ChatFormat, turn_stop_ids
         from pearl.models.config import ModelConfig
 
         self.cfg = cfg
@@ -52,7 +52,15 @@ class TrainRun:
             )
         self.folder = resolve_model(cfg.model.name, log=self.log)
         self.model_config = ModelConfig.from_folder(self.folder)
-        self.chat = ChatFormat.from_folder(self.folder)
+        self.chat = ChatFormat.from_folder(self.folder)  # refuses a model without ChatML's end
+        stops = turn_stop_ids(self.folder, self.chat, self.model_config.eos_token_id)
+        bad = [t for t in stops if t >= self.model_config.vocab_size]
+        if bad:
+            raise ConfigError(
+                f"model {cfg.model.name}: end-of-turn ids {bad} are outside its vocabulary of "
+                f"{self.model_config.vocab_size} (config.json / generation_config.json)"
+            )
+        self.stop_token_ids = stops
         self._check_tools_prompt()
 
     def _check_tools_prompt(self) -> None:
@@ -159,6 +167,8 @@ class _LiveRun:
                 max_grad_norm=t.max_grad_norm,
                 micro_batch_tokens=t.micro_batch_tokens,
                 temperature=cfg.rollout.temperature,
+                top_k=cfg.rollout.top_k,
+                top_p=cfg.rollout.top_p,
                 device=t.device,
                 dtype=t.dtype,
             ),
@@ -191,8 +201,33 @@ class _LiveRun:
         availability = Availability.from_changes(cfg.cluster.availability)
         self.driver = RunDriver(self.world, policy, cluster, availability, log=self.log_event)
         self.plane = self.driver.plane
+        self._say_when_pd_cannot_split()
         self.rows: list[dict[str, Any]] = []
         self.first_step = 0
+
+    def _say_when_pd_cannot_split(self) -> None:
+        """A PD policy on a pool too small to split prefill and decode runs colocated: say
+        so (the config refuses a static split that could never happen)."""
+        from pearl.control.policies import PDMode
+
+        if self.policy.pd is PDMode.COLOCATED:
+            return
+        fewest, most = self.cfg.pool_sizes()
+        if fewest >= 2:
+            return
+        if most >= 2:
+            why = (
+                f"{self.policy.name} runs colocated while the pool has 1 rollout worker, and "
+                f"splits prefill and decode once it has 2 (up to {most}: preemptible workers "
+                "or the trainer's borrowed slot)"
+            )
+        else:  # adaptive PD on one worker for good: colocated is the only choice
+            why = (
+                f"{self.policy.name} runs colocated: a pool of 1 rollout worker cannot split "
+                "prefill and decode (rollout.workers=2 or more lets it)"
+            )
+        self.run.log(why)
+        self.log_event({"kind": "pd_colocated", "workers": fewest, "most": most, "why": why})
 
     def scalars(self, prefix: str, row: dict[str, Any], step: int) -> None:
         """A row's numbers to TensorBoard (and W&B when on)."""
@@ -236,8 +271,15 @@ class _LiveRun:
     def _loop_config(self, temperature: float):
         from pearl.control.agent_loop import AgentLoopConfig
 
-        vocab = self.run.model_config.vocab_size
-        return AgentLoopConfig(vocab_size=vocab, temperature=temperature, seed=self.cfg.run.seed)
+        rollout = self.cfg.rollout
+        return AgentLoopConfig(
+            vocab_size=self.run.model_config.vocab_size,
+            temperature=temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            seed=self.cfg.run.seed,
+            stop_token_ids=self.run.stop_token_ids,
+        )
 
     async def evaluate(self, tag: str) -> dict[str, Any]:
         """Held-out success of the current weights (one episode per held-out task)."""
