@@ -133,3 +133,33 @@ def test_staleness_counts_the_kv_behind_each_token():
     # Tagged by its sampling weights only, the (2, 1) tokens would look fresh.
     assert staleness({(2, 1): 5}, trained=2)["staleness"] == 1
     assert staleness({}, trained=2)["staleness"] == 0
+
+
+def test_every_turn_of_every_sibling_and_step_gets_its_own_seed():
+    """Siblings of a group share a prompt: with one seed they would sample the same replies
+    (a group with nothing to compare). Seeds differ per sibling, turn and step (the train
+    run's session ids: split, task index continuing across steps, sibling)."""
+    seeds = {}
+
+    class Recording(Router):
+        async def run_turn(self, turn):
+            seeds[turn.request_id] = turn.seed
+            return await super().run_turn(turn)
+
+    async def main():
+        worker = SimulatedWorker(
+            "w0", FlatCost(), SimEngineConfig(num_kv_blocks=512), vocab_size=100
+        )
+        router = Recording()
+        router.set_topology(colocated=[worker])
+        for step in range(2):
+            episodes = [
+                (f"train{step * 2 + t}/{g}", Scripted("x")) for t in range(2) for g in range(4)
+            ]
+            batch = EpisodeBatch(episodes, 4, 1000)
+            await run_episode_batch(batch, router, AsyncioClock(), AgentLoopConfig(100, seed=7))
+        worker.close()
+
+    run_virtual(main)
+    assert len(seeds) == 2 * 2 * 4 * 3  # steps x tasks x siblings x turns
+    assert len(set(seeds.values())) == len(seeds) and None not in seeds.values()
