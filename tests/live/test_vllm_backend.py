@@ -59,7 +59,14 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         turns = [
             TurnRequest(f"r{i}", f"s{i}", prompt, 12, temperature=0.7, seed=i) for i in range(3)
         ]
+        await server.log_iterations(True)
         outs = await asyncio.gather(*(server.run_turn(t) for t in turns))
+        # vLLM's iterations, as the runtime tracker reads ours: prefill tokens, decoding
+        # requests (contexts unknown), seconds
+        log = await server.log_iterations(True)
+        assert log and all(s > 0 for _, _, s in log)
+        assert sum(t for p, _, _ in log for t, _ in p) >= len(prompt)  # (prefix cache aside)
+        assert sum(len(d) for _, d, _ in log) >= 3 * 11  # every token after a turn's first
         # the behaviour log-probabilities are the trainer's at the sampling temperature
         for out in outs:
             assert len(out.token_ids) == len(out.logprobs) == 12 and out.finish_reason == "length"
@@ -101,17 +108,26 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         await server.load_weights((2, other))
         changed = await server.run_turn(turns[0])
         assert changed.token_ids != outs[0].token_ids and changed.weight_version == 2
+        # no KV of the old weights served after an update: a long prompt served from the
+        # prefix cache the second time is prefilled anew after new weights
+        long_prompt = TurnRequest("lp", "slp", prompt * 30, 2, temperature=0.7, seed=1)
+        await server.run_turn(long_prompt)
+        hit = await server.run_turn(long_prompt)
+        assert hit.telemetry.prefill_tokens_cached >= 256
+        await server.load_weights((3, weights))
+        miss = await server.run_turn(long_prompt)
+        assert miss.telemetry.prefill_tokens_cached == 0
         # weights landing with a turn in flight: its later tokens are tagged with the new
         # version, and vLLM recomputed their KV under it (kv == weights)
         long = asyncio.ensure_future(
             server.run_turn(TurnRequest("mid", "s8", prompt, 300, temperature=0.7, seed=5))
         )
         await asyncio.sleep(1.0)
-        await server.load_weights((3, weights))
+        await server.load_weights((4, weights))
         mid = await long
-        assert len(mid.token_ids) == 300 and mid.weight_version == 3
-        (first, v2, kv2), (switch, v3, kv3) = mid.version_spans
-        assert (first, v2, kv2, v3, kv3) == (0, 2, 2, 3, 3) and 0 < switch < 300
+        assert len(mid.token_ids) == 300 and mid.weight_version == 4
+        (first, v3, kv3), (switch, v4, kv4) = mid.version_spans
+        assert (first, v3, kv3, v4, kv4) == (0, 3, 3, 4, 4) and 0 < switch < 300
 
     try:
         asyncio.run(run())

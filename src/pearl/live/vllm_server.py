@@ -12,7 +12,9 @@ kernels' repacking) inside vLLM's worker (``VllmWorkerExtension``, named in the 
 they recompute their KV under the new weights; each token's version comes from vLLM's own
 per-token weight-version labels. What vLLM cannot do here is declared: no KV export or
 import by token range (so no PD deployments), no sleep that frees memory on CPU (so no
-borrowing), no per-iteration log (the decision model keeps its prior). vLLM is imported only
+borrowing). Its iterations (prefill tokens, decoding requests, seconds) come from vLLM's
+per-iteration details through a stat logger of ours and feed the runtime tracker, so the
+decision model refits on vLLM as on ours. vLLM is imported only
 in the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
 """
 
@@ -87,11 +89,46 @@ class VllmServer:
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.VllmWorkerExtension",
-            disable_log_stats=True,
+            # Per-iteration shapes and times reach a stat logger of ours (``log_iterations``).
+            disable_log_stats=False,
+            enable_logging_iteration_details=True,
             **extra,
         )
-        self.engine = AsyncLLM.from_engine_args(args)
+        self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
         self._running: set[str] = set()
+
+    def _iteration_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        """vLLM's stat-logger factory: a ``StatLoggerBase`` that appends each engine
+        iteration vLLM reports (``SchedulerStats.iteration_details``) to this server's log."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        server = self
+
+        class IterationLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                details = getattr(scheduler_stats, "iteration_details", None)
+                if details is not None and not details.is_dummy:
+                    server._log_iteration(details)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return IterationLogger(vllm_config, engine_index)
+
+    def _log_iteration(self, details: Any) -> None:
+        """One vLLM iteration in our engine's log format: its prefill tokens (as one chunk:
+        vLLM reports their total, not each chunk's start), one decode per generating
+        request (contexts unknown: 0, which the runtime tracker reads as unknown) and its
+        seconds."""
+        if self._iteration_log is None:
+            return
+        prefill = [(details.num_ctx_tokens, 0)] if details.num_ctx_tokens else []
+        decodes = [0] * details.num_generation_requests
+        self._iteration_log.append((prefill, decodes, details.elapsed_ms / 1000.0))
 
     # -- turns ----------------------------------------------------------------------
     async def run_turn(self, turn: TurnRequest) -> TurnOutput:
@@ -228,7 +265,10 @@ class VllmServer:
         return actor_location()
 
     async def log_iterations(self, enabled: bool = True) -> list:
-        return []  # vLLM's iterations are not observed: the decision model keeps its prior
+        """Start (or stop) logging vLLM's iterations; returns the log so far (the format of
+        ``EngineServer.log_iterations``, decode contexts unknown)."""
+        log, self._iteration_log = self._iteration_log or [], [] if enabled else None
+        return log
 
     def shutdown(self) -> None:
         self.engine.shutdown()
