@@ -19,7 +19,7 @@ def test_policies_the_vllm_backend_cannot_run_are_refused_before_anything_starts
     from pearl.apps.train.config import load_train_config
 
     load_train_config(None, ["rollout.backend=vllm", "cluster.policy=rlboost"])  # colocated
-    for policy, missing in (("static-pd", "kv_export"), ("pearl", "sleep")):
+    for policy, missing in (("static-pd", "kv_export"), ("pearl", "kv_export")):
         with pytest.raises(ConfigError, match=f"vllm engine cannot.*{missing}"):
             load_train_config(None, ["rollout.backend=vllm", f"cluster.policy={policy}"])
 
@@ -128,6 +128,13 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         assert len(mid.token_ids) == 300 and mid.weight_version == 4
         (first, v3, kv3), (switch, v4, kv4) = mid.version_spans
         assert (first, v3, kv3, v4, kv4) == (0, 3, 3, 4, 4) and 0 < switch < 300
+        # borrowing's sleep and wake: weights sent while asleep are served after the wake
+        await server.release_device()
+        assert await server.load_weights((5, other)) == 5
+        await server.restore_device()
+        woke = await server.run_turn(turns[0])
+        assert woke.weight_version == 5 and woke.token_ids == changed.token_ids
+        await server.restore_device()  # awake already: nothing to do
 
     try:
         asyncio.run(run())

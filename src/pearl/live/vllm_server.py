@@ -10,9 +10,10 @@ weights go through vLLM's own in-place reload (each model's ``load_weights``, th
 kernels' repacking) inside vLLM's worker (``VllmWorkerExtension``, named in the engine's
 ``worker_extension_cls``), with turns in flight: the scheduler pauses, keeping them, and
 they recompute their KV under the new weights; each token's version comes from vLLM's own
-per-token weight-version labels. What vLLM cannot do here is declared: no KV export or
-import by token range (so no PD deployments), no sleep that frees memory on CPU (so no
-borrowing). Its iterations (prefill tokens, decoding requests, seconds) come from vLLM's
+per-token weight-version labels. Borrowing's release and restore are vLLM's sleep (level
+1) and wake (weights, then KV cache); on the CPU build they free nothing (vLLM's CPU worker
+ignores sleep) but pause and resume the engine as on a GPU. What vLLM cannot do here is
+declared: no KV export or import by token range (so no PD deployments). Its iterations (prefill tokens, decoding requests, seconds) come from vLLM's
 per-iteration details through a stat logger of ours and feed the runtime tracker, so the
 decision model refits on vLLM as on ours. vLLM is imported only
 in the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
@@ -51,7 +52,9 @@ class VllmWorkerExtension:
 class VllmServer:
     """Serves one vLLM ``AsyncLLM`` to the control plane."""
 
-    capabilities = EngineCapabilities("vllm", frozenset({Capability.WEIGHT_UPDATE}))
+    capabilities = EngineCapabilities(
+        "vllm", frozenset({Capability.WEIGHT_UPDATE, Capability.SLEEP, Capability.ITERATION_LOG})
+    )
 
     def __init__(
         self,
@@ -97,6 +100,8 @@ class VllmServer:
         self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
         self._running: set[str] = set()
+        self._asleep = False
+        self._pending: tuple[int, dict[str, Any]] | None = None  # weights received asleep
 
     def _iteration_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
         """vLLM's stat-logger factory: a ``StatLoggerBase`` that appends each engine
@@ -216,10 +221,31 @@ class VllmServer:
         return []
 
     async def release_device(self) -> None:
-        raise EngineCapabilityError("the vLLM backend cannot free its memory here (no borrowing)")
+        """Free the worker's device memory between borrowing rounds: vLLM's sleep level 1
+        (KV cache discarded, weights offloaded to host memory, so a wake with no newer
+        weights serves at once; a wake with newer ones reloads them over the offloaded
+        copy). It needs ``enable_sleep_mode`` on GPUs; vLLM's CPU worker frees nothing (its
+        sleep is a no-op: only the scheduler pauses and the caches clear), which is what
+        this CPU build can do: the slot lent here is the trainer's core, not memory."""
+        if not self._asleep:
+            await self.engine.sleep(level=1)
+            self._asleep = True
 
     async def restore_device(self) -> None:
-        raise EngineCapabilityError("the vLLM backend cannot free its memory here (no borrowing)")
+        """Wake from ``release_device``: the weights first, the newest weights installed
+        if some arrived while asleep, then the KV cache (vLLM resumes scheduling once all
+        its memory is back)."""
+        if not self._asleep:
+            return
+        await self.engine.wake_up(tags=["weights"])
+        if self._pending is not None:
+            version, arrays = self._pending
+            await self._install(version, arrays)
+            self._pending = None
+        await self.engine.wake_up(tags=["kv_cache"])
+        if await self.engine.is_sleeping():
+            await self.engine.wake_up()  # whatever else vLLM put to sleep
+        self._asleep = False
 
     async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
         """Install the trainer's ``(version, numpy weights)`` with turns in flight: vLLM's
@@ -227,31 +253,41 @@ class VllmServer:
         every running request reset (preempted: it recomputes its KV under the new weights
         when it resumes, so unlike our engine no token is sampled on KV of older weights),
         the prefix cache emptied and vLLM's weight-version label set (it tags each output
-        token with the label of the step that sampled it), then generation resumes."""
+        token with the label of the step that sampled it), then generation resumes. While
+        asleep (``release_device``) they are kept and installed at the wake."""
+        version, arrays = weights
+        if self._asleep:
+            self._pending = (version, arrays)
+            self.version = version
+            return version
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self._install(version, arrays)
+        finally:
+            await self.engine.resume_generation()
+        return version
+
+    async def _install(self, version: int, arrays: dict[str, Any]) -> None:
+        """Reload the weights in vLLM's worker, reset what holds KV of the old ones, label
+        the version (the scheduler is paused or asleep)."""
         import tempfile
 
         from safetensors.numpy import save_file
 
-        version, arrays = weights
-        await self.engine.pause_generation(mode="keep", clear_cache=False)
-        try:
-            # Handed to vLLM's worker process as a file in memory-backed /dev/shm where there
-            # is one (its RPC carries small messages, not a model's tensors).
-            where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=where) as folder:
-                path = os.path.join(folder, f"v{version}.safetensors")
-                save_file({n: a for n, a in arrays.items()}, path)
-                await self.engine.collective_rpc("pearl_load_weights", args=(path,))
-            if not await self.engine.reset_prefix_cache(reset_running_requests=True):
-                raise EngineStateError(
-                    f"vLLM did not reset its prefix cache after weights v{version}: later "
-                    "requests would start from KV of the old weights"
-                )
-            await self.engine.update_weight_version(str(version))
-            self.version = version
-        finally:
-            await self.engine.resume_generation()
-        return version
+        # Handed to vLLM's worker process as a file in memory-backed /dev/shm where there
+        # is one (its RPC carries small messages, not a model's tensors).
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=where) as folder:
+            path = os.path.join(folder, f"v{version}.safetensors")
+            save_file({n: a for n, a in arrays.items()}, path)
+            await self.engine.collective_rpc("pearl_load_weights", args=(path,))
+        if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+            raise EngineStateError(
+                f"vLLM did not reset its prefix cache after weights v{version}: later "
+                "requests would start from KV of the old weights"
+            )
+        await self.engine.update_weight_version(str(version))
+        self.version = version
 
     async def stats(self) -> dict[str, Any]:
         return {"backend": "vllm", "running": len(self._running), "weight_version": self.version}
