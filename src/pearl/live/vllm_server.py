@@ -13,14 +13,16 @@ they recompute their KV under the new weights; each token's version comes from v
 per-token weight-version labels. Borrowing's release and restore are vLLM's sleep (level
 1) and wake (weights, then KV cache); on the CPU build they free nothing (vLLM's CPU worker
 ignores sleep) but pause and resume the engine as on a GPU. What vLLM cannot do here is
-declared: no KV export or import by token range (so no PD deployments). Its iterations (prefill tokens, decoding requests, seconds) come from vLLM's
-per-iteration details through a stat logger of ours and feed the runtime tracker, so the
-decision model refits on vLLM as on ours. vLLM is imported only
-in the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
+declared: no KV export or import by token range (so no PD deployments). Its iterations
+(prefill tokens, decoding requests, seconds) come from vLLM's per-iteration details
+through a stat logger of ours and feed the runtime tracker, so the decision model refits
+on vLLM as on ours. vLLM is imported only in the worker process; it is installed in its
+own venv (``scripts/vllm_env.sh``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -98,6 +100,9 @@ class VllmServer:
             **extra,
         )
         self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
+        # With stats on, vLLM adds its console logger (throughput every few seconds) only
+        # when its loggers module logs at INFO: the run's own log says what matters.
+        logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
         self._running: set[str] = set()
         self._asleep = False
