@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The test suite: set up the environment if needed, then run pytest (fast tests by default).
+# `--vllm` runs the vLLM backend's tests instead, on the real package (scripts/test_vllm.sh).
 set -euo pipefail
+if [ "${1:-}" = "--vllm" ]; then
+  shift
+  exec bash "$(dirname "${BASH_SOURCE[0]}")/test_vllm.sh" "$@"
+fi
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" live,dev
 cd "$ROOT"
 set +e
