@@ -160,3 +160,43 @@ def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():
         sampled_logprobs("r", [5, 6], [entry(5, -0.5), None])
     with pytest.raises(EngineStateError, match="0 log-probability entries for the 2 tokens"):
         sampled_logprobs("r", [5, 6], None)
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path):
+    """``pearl train rollout.backend=vllm`` end to end on SmolLM2: steps with weights sent
+    to vLLM while the next batch rolls out, each token's version, and vLLM's iterations in
+    the run's records (the runtime tracker's input)."""
+    import json
+
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+    from pearl.live.cluster import ensure_ray
+
+    ensure_ray(num_cpus=3)
+    overrides = [
+        "rollout.backend=vllm",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=24",
+        "run.steps=3",
+        "run.eval_tasks=0",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=vllm",
+    ]
+    try:
+        out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert out["steps"] == 3 and out["weight_version"] == 3
+    folder = tmp_path / "vllm"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in rows] == [1, 2, 3]
+    assert rows[0]["staleness"] == 0 and all(r["staleness"] <= 1 for r in rows)
+    assert all(r["tokens_on_older_kv"] == 0 for r in rows)  # vLLM recomputes after updates
+    shapes = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    assert all(s["iterations"] for s in shapes)
+    decodes = sum(len(d) for s in shapes for _, d, _ in s["iterations"])
+    assert decodes >= sum(r["rollout_tokens"] for r in rows) - sum(r["turns"] for r in rows)
