@@ -105,6 +105,7 @@ class LLMEngine:
             config.scheduler_config(max_len, Role(config.role), model.config.eos_token_id),
             self.blocks,
         )
+        self.scheduler.weight_version = weight_version
         self.runner = ModelRunner(
             model.to(self.device, self.dtype),
             config.num_kv_blocks,

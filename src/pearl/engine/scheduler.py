@@ -143,9 +143,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._finished_early: list[RequestOutput] = []  # finished while scheduling
         self._preempted_now: set[int] = set()
-        # The weights of the latest iteration: the prefix cache holds only KV they computed
-        # (every weight update empties it).
-        self._weight_version = 0
+        # The weights of the latest iteration (its owner sets the starting ones): the prefix
+        # cache holds only KV they computed (every weight update empties it).
+        self.weight_version = 0
 
     # -- queries ------------------------------------------------------------------
     @property
@@ -439,7 +439,7 @@ class Scheduler:
                 self.release_session(seq.session_id)
             held = self.blocks.attach_prefix(seq)
             if held:  # every update empties the cache: what it holds, these weights computed
-                seq.kv_version = self._weight_version
+                seq.kv_version = self.weight_version
         seq.telemetry.prefill_tokens_cached += held
 
     def _reserve(
@@ -493,7 +493,7 @@ class Scheduler:
     ) -> list[RequestOutput]:
         """Apply one iteration's results, computed by weights ``weight_version``; return
         the requests that finished (or were prefilled)."""
-        self._weight_version = weight_version
+        self.weight_version = weight_version
         finished = self._finished_early
         self._finished_early = []
         for chunk in out.prefills:
@@ -657,7 +657,7 @@ class Scheduler:
         pinned.telemetry.kv_tokens_imported += end - held
         pinned.cacheable = pinned.cacheable and cacheable
         if kv_version is None:
-            kv_version = self._weight_version
+            kv_version = self.weight_version
         if pinned.kv_version is None or kv_version < pinned.kv_version:
             pinned.kv_version = kv_version
         self.blocks.commit(pinned)

@@ -156,6 +156,7 @@ class SimulatedWorker:
             cfg.scheduler_config(cfg.max_model_len, _engine_role(role)),
             self.blocks,
         )
+        self.scheduler.weight_version = weight_version
         self._role = role
         self._inbox: list[Callable[[], None]] = []
         # End times of the iterations in progress (one, or a fast-forwarded stretch): a
