@@ -1,6 +1,7 @@
 """The GRPO trainer: advantages, the clipped token loss by hand, masking, logprob parity
 with the engine, a step that lowers the loss, checkpoints that resume exactly."""
 
+import dataclasses
 import math
 
 import pytest
@@ -422,3 +423,10 @@ def test_a_bfloat16_trainer_computes_in_bfloat16_and_keeps_float32_weights():
         assert state["exp_avg"].dtype == torch.float32
     with pytest.raises(ValueError, match="dtype"):
         TrainerConfig(dtype="float16")
+
+
+def test_a_step_with_nothing_to_score_reports_no_ratio():
+    samples = [dataclasses.replace(s, reward=1.0) for s in rollout_samples()]  # groups tie
+    trainer = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig())
+    stats = trainer.train_step(TrainBatch(0, len(samples), 0, 0, samples=tuple(samples)))
+    assert stats["trained_tokens"] == 0 and math.isnan(stats["mean_ratio"])

@@ -322,7 +322,7 @@ class GRPOTrainer:
             "loss": loss_sum,
             "grad_norm": grad_norm,
             "clip_fraction": clipped / max(1.0, tokens),
-            "mean_ratio": ratio_sum / max(1.0, tokens),
+            "mean_ratio": ratio_sum / tokens if tokens else math.nan,  # nothing scored: none
             "trained_tokens": tokens,
             "batch_tokens": float(total),
             "skipped_trajectories": float(len(samples) - len(useful)),
