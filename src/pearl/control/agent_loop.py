@@ -49,13 +49,6 @@ class TrajectoryResult:
     def generated_tokens(self) -> int:
         return sum(self.generated)
 
-    def version_range(self) -> tuple[int, int] | None:
-        """The oldest weights any generated token's distribution depended on (its KV's
-        included) and the newest that sampled one; None without turns."""
-        if not self.turns:
-            return None
-        return min(t.oldest_version for t in self.turns), max(t.weight_version for t in self.turns)
-
     def tokens_by_version(self) -> dict[tuple[int, int], int]:
         """Generated tokens by ``(weights, kv)`` versions (``TurnOutput.tokens_by_version``)."""
         out: dict[tuple[int, int], int] = {}

@@ -82,9 +82,7 @@ class TurnOutput:
     @property
     def oldest_version(self) -> int:
         """The oldest weights any of this turn's token distributions depended on."""
-        if not self.version_spans:
-            return self.weight_version
-        return min(kv for _, _, kv in self.version_spans)
+        return min(kv for _, _, kv in self._spans())
 
     def tokens_by_version(self, n: int | None = None) -> dict[tuple[int, int], int]:
         """This turn's ``n`` generated tokens (default: those it holds) by ``(weights, kv)``

@@ -267,11 +267,12 @@ class TrainConfig(_Section):
         from pearl.control.policies import PDMode, get_policy
 
         policy = get_policy(self.cluster.policy)
-        if policy.pd in (PDMode.STATIC, PDMode.DISAGGREGATED) and self.pool_sizes()[1] < 2:
+        most = self.pool_sizes()[1]
+        if policy.pd in (PDMode.STATIC, PDMode.DISAGGREGATED) and most < 2:
             raise ValueError(
                 f"cluster.policy={policy.name} splits prefill and decode, which needs at least "
                 f"2 rollout workers (1 prefill + 1 decode); this pool never has more than "
-                f"{self.pool_sizes()[1]} (rollout.workers={self.rollout.workers}, "
+                f"{most} (rollout.workers={self.rollout.workers}, "
                 f"{self.cluster.preemptible_workers} preemptible). Set rollout.workers=2, or "
                 "give preemptible workers (cluster.preemptible_workers and cluster.availability)"
             )
