@@ -15,13 +15,14 @@ from pearl.config import ConfigError
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-def test_policies_the_vllm_backend_cannot_run_are_refused_before_anything_starts():
+def test_every_policy_is_accepted_on_the_vllm_backend():
     from pearl.apps.train.config import load_train_config
+    from pearl.control.policies import POLICIES
 
-    load_train_config(None, ["rollout.backend=vllm", "cluster.policy=rlboost"])  # colocated
-    for policy, missing in (("static-pd", "kv_export"), ("pearl", "kv_export")):
-        with pytest.raises(ConfigError, match=f"vllm engine cannot.*{missing}"):
-            load_train_config(None, ["rollout.backend=vllm", f"cluster.policy={policy}"])
+    for policy in POLICIES:
+        load_train_config(
+            None, ["rollout.backend=vllm", "rollout.workers=2", f"cluster.policy={policy}"]
+        )
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
@@ -140,6 +141,76 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         asyncio.run(run())
     finally:
         server.shutdown()
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_pd_on_vllm_decodes_from_imported_kv_as_from_its_own_prefill(smollm2):
+    """Prefill on one vLLM worker, its KV exported by token range (PEARL's KV connector),
+    moved as a ``KVChunk``, imported by another that decodes: the decoded tokens and their
+    log-probabilities equal a local prefill's (greedy: tokens equal, log-probabilities
+    within 1e-5), over two turns of one session (the second moves only the new tokens);
+    and the exported keys equal our engine's for the same tokens (within 1e-3)."""
+    import numpy as np
+
+    from pearl.control.interfaces import TurnRequest
+    from pearl.engine.config import EngineConfig
+    from pearl.engine.engine import LLMEngine
+    from pearl.engine.kv_transfer import KVChunk
+    from pearl.errors import KVPrefixMismatch
+    from pearl.live.server import ModelSpec
+    from pearl.live.vllm_server import VllmServer
+
+    config = EngineConfig(max_model_len=1024)
+    local, p, d = (VllmServer(w, ModelSpec(folder=smollm2), config) for w in "lpd")
+    turn1 = [1, 9690, 198, 2683, 314, 253, 5356, 30, 2, 198, 1, 4093, 198] * 12  # 156 tokens
+    observation = [1, 4093, 198, 2683, 314, 2, 198] * 5
+
+    async def pd_turn(request_id, tokens, held):
+        first = await p.run_turn(TurnRequest(request_id, "s", tokens, 8, temperature=0.0))
+        assert first.finish_reason == "prefilled" and len(first.token_ids) == 1
+        assert await d.match_session("s", tokens) == held
+        chunk = KVChunk.from_bytes((await p.export_kv("s", held, len(tokens))).to_bytes())
+        assert await d.import_kv(chunk) == (len(tokens) - held, chunk.nbytes)
+        rest = await d.run_turn(
+            TurnRequest(f"{request_id}/d", "s", tokens + first.token_ids, 7, temperature=0.0)
+        )
+        assert rest.telemetry.prefill_tokens_computed == 1  # the first token: the rest loaded
+        return first.token_ids + rest.token_ids, first.logprobs + rest.logprobs, chunk
+
+    async def run():
+        await p.set_role("prefill")
+        await d.set_role("decode")
+        want1 = await local.run_turn(TurnRequest("a", "x", turn1, 8, temperature=0.0))
+        got, logprobs, chunk = await pd_turn("b", turn1, 0)
+        assert got == want1.token_ids, (got, logprobs, want1.token_ids, want1.logprobs)
+        assert np.allclose(logprobs, want1.logprobs, atol=1e-5), (logprobs, want1.logprobs)
+        turn2 = turn1 + got + observation  # the session's next turn
+        want2 = await local.run_turn(TurnRequest("c", "y", turn2, 8, temperature=0.0))
+        got2, logprobs2, _ = await pd_turn("e", turn2, len(turn1))
+        assert got2 == want2.token_ids
+        assert np.allclose(logprobs2, want2.logprobs, atol=1e-5), (logprobs2, want2.logprobs)
+        # a chunk that does not continue what the decode worker holds changes nothing
+        with pytest.raises(KVPrefixMismatch):
+            await d.import_kv(await p.export_kv("s", 3, 10))
+        return chunk
+
+    try:
+        chunk = asyncio.run(run())
+    finally:
+        for server in (local, p, d):
+            server.shutdown()
+    # the keys vLLM computed are our engine's for the same tokens: the layout is read right
+    ours = LLMEngine.from_folder(smollm2, EngineConfig(max_model_len=1024))
+    from pearl.engine.sequence import Request, SamplingParams
+
+    ours.add_request(
+        Request("o", list(turn1), SamplingParams(temperature=0.0, max_new_tokens=1), "o", True)
+    )
+    while ours.has_unfinished():
+        ours.step()
+    mine = ours.export_kv("o", 0, len(turn1))
+    assert np.allclose(chunk.keys, mine.keys, atol=1e-3)
+    assert np.allclose(chunk.values, mine.values, atol=1e-3)
 
 
 def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():

@@ -22,15 +22,24 @@ own venv (``scripts/vllm_env.sh``).
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import logging
 import os
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry, VersionSpan
-from pearl.control.rollout_engine import Capability, EngineCapabilities, EngineCapabilityError
+from pearl.control.rollout_engine import EngineCapabilities
 from pearl.engine.config import EngineConfig
-from pearl.errors import EngineStateError
+from pearl.engine.kv_transfer import KVChunk, token_digest
+from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
 from pearl.live.server import ModelSpec
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -54,9 +63,7 @@ class VllmWorkerExtension:
 class VllmServer:
     """Serves one vLLM ``AsyncLLM`` to the control plane."""
 
-    capabilities = EngineCapabilities(
-        "vllm", frozenset({Capability.WEIGHT_UPDATE, Capability.SLEEP, Capability.ITERATION_LOG})
-    )
+    capabilities = EngineCapabilities.full("vllm")
 
     def __init__(
         self,
@@ -69,7 +76,10 @@ class VllmServer:
             raise ValueError("the vLLM backend loads a model folder (ModelSpec.folder)")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # The connector is written for (and tested on) the V1 model runner's hooks.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         try:
+            from vllm.config import KVTransferConfig
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
@@ -80,6 +90,17 @@ class VllmServer:
             ) from None
         self.worker_id = worker_id
         self.version = 0
+        self.role = "colocated"
+        self.model_id, self._geometry = _model_identity(model.folder)
+        self._dtype = engine_config.dtype
+        self._block_size = engine_config.block_size
+        # KV crosses between this process and vLLM's engine process as files, in
+        # memory-backed /dev/shm where there is one.
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._kv_dir = tempfile.mkdtemp(prefix=f"pearl-kv-{worker_id}-", dir=where)
+        self._file_ids = itertools.count()
+        self._prefilled: dict[str, _SessionKV] = {}  # prefill role: each session's last prompt
+        self._held: dict[str, _SessionKV] = {}  # decode role: each session's imported KV
         extra: dict[str, Any] = {}
         gpu = _assigned_gpu_fraction()
         if gpu:  # share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer)
@@ -97,6 +118,13 @@ class VllmServer:
             # Per-iteration shapes and times reach a stat logger of ours (``log_iterations``).
             disable_log_stats=False,
             enable_logging_iteration_details=True,
+            # PD: a prefill worker saves each prompt's KV, a decode worker loads what
+            # it was sent (``pearl.live.vllm_kv_connector``); idle in colocated role.
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="PearlConnector",
+                kv_connector_module_path="pearl.live.vllm_kv_connector",
+                kv_role="kv_both",
+            ),
             **extra,
         )
         self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
@@ -104,6 +132,7 @@ class VllmServer:
         # when its loggers module logs at INFO: the run's own log says what matters.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
+        self._block_size = self.engine.vllm_config.cache_config.block_size
         self._running: set[str] = set()
         self._asleep = False
         self._pending: tuple[int, dict[str, Any]] | None = None  # weights received asleep
@@ -142,19 +171,38 @@ class VllmServer:
 
     # -- turns ----------------------------------------------------------------------
     async def run_turn(self, turn: TurnRequest) -> TurnOutput:
+        """Generate (colocated), prefill (prefill role: the first token, the prompt's KV
+        kept for ``export_kv``) or decode (decode role: from the KV ``import_kv`` brought,
+        vLLM computing only what it lacks) one turn."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        role = self.role
         submitted = time.monotonic()
+        kv_file = None
+        connector: dict[str, Any] = {}
+        max_tokens = turn.max_new_tokens
+        if role == "prefill":
+            max_tokens = 1
+            kv_file = self._kv_file()
+            connector = {"save": kv_file}
+        elif role == "decode":
+            held = self._held.get(turn.session_id)
+            tokens = held.matched(turn.token_ids) if held is not None else 0
+            if tokens and held is not None:
+                kv_file = self._kv_file()
+                held.write(kv_file, tokens)
+                connector = {"load": kv_file, "tokens": tokens}
         params = SamplingParams(
             temperature=turn.temperature,
             top_p=turn.top_p,
             top_k=turn.top_k if turn.top_k > 0 else -1,
             seed=turn.seed,
-            max_tokens=turn.max_new_tokens,
+            max_tokens=max_tokens,
             ignore_eos=turn.ignore_eos,
             stop_token_ids=list(turn.stop_token_ids),
             logprobs=0,  # the sampled token's
+            extra_args={"kv_transfer_params": {"pearl": connector}} if connector else None,
         )
         prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
         self._running.add(turn.request_id)
@@ -167,22 +215,32 @@ class VllmServer:
                     first_token_at = time.monotonic()
         finally:
             self._running.discard(turn.request_id)
-        tokens: list[int] = []
+            if kv_file is not None and role == "prefill" and os.path.exists(kv_file):
+                self._prefilled[turn.session_id] = _SessionKV.read(
+                    kv_file, list(turn.token_ids), self.version
+                )
+            if kv_file is not None and os.path.exists(kv_file):
+                os.remove(kv_file)
+        tokens_out: list[int] = []
         logprobs: list[float] = []
         spans: tuple[VersionSpan, ...] = ()
         reason = "abort"
         cached = 0
         if last is not None and last.outputs:
             completion = last.outputs[0]
-            tokens = list(completion.token_ids)
-            logprobs = sampled_logprobs(turn.request_id, tokens, completion.logprobs)
+            tokens_out = list(completion.token_ids)
+            logprobs = sampled_logprobs(turn.request_id, tokens_out, completion.logprobs)
             reason = _FINISH.get(str(completion.finish_reason), "abort")
             cached = last.num_cached_tokens or 0
             spans = version_spans(completion.weight_versions)
+        if role == "prefill" and reason == "length" and turn.max_new_tokens > 1:
+            reason = "prefilled"  # the router moves its KV and decodes the rest elsewhere
+        if role == "prefill" and spans and turn.session_id in self._prefilled:
+            self._prefilled[turn.session_id].version = spans[-1][2]
         return TurnOutput(
             turn.request_id,
             turn.session_id,
-            tokens,
+            tokens_out,
             logprobs,
             reason,
             spans[-1][1] if spans else self.version,
@@ -192,30 +250,120 @@ class VllmServer:
                 finished_at=time.monotonic(),
                 prefill_tokens_computed=len(turn.token_ids) - cached,
                 prefill_tokens_cached=cached,
-                prefill_worker=self.worker_id,
-                decode_worker=self.worker_id,
+                prefill_worker=self.worker_id if role != "decode" else None,
+                decode_worker=self.worker_id if role != "prefill" else None,
             ),
             spans,
         )
 
+    def _kv_file(self) -> str:
+        return os.path.join(self._kv_dir, f"{next(self._file_ids)}.safetensors")
+
     async def session_length(self, session_id: str) -> int:
-        return 0  # nothing is pinned per session: vLLM's prefix cache serves the context
+        """Prefill role: the tokens of the session's last prompt (vLLM's prefix cache holds
+        their full blocks); 0 otherwise."""
+        kept = self._prefilled.get(session_id)
+        return len(kept.token_ids) if kept is not None else 0
 
     async def match_session(self, session_id: str, token_ids: list[int]) -> int:
-        return 0
+        """Decode role: keep the longest prefix of the session's imported KV that
+        ``token_ids`` starts with, drop the rest; return its length."""
+        held = self._held.get(session_id)
+        if held is None:
+            return 0
+        held.truncate(held.matched(token_ids))
+        return len(held.token_ids)
 
     async def release_session(self, session_id: str) -> None:
-        return None
+        self._prefilled.pop(session_id, None)
+        self._held.pop(session_id, None)
 
-    async def export_kv(self, session_id: str, start: int, end: int):
-        raise EngineCapabilityError("the vLLM backend cannot export KV (no PD deployments)")
+    async def export_kv(self, session_id: str, start: int, end: int) -> KVChunk:
+        """The KV of tokens ``[start, end)`` of the session's last prompt (prefill role)."""
+        kept = self._prefilled.get(session_id)
+        if kept is None:
+            raise KVTransferError(f"worker {self.worker_id} holds no KV for session {session_id!r}")
+        if not 0 <= start < end <= len(kept.token_ids):
+            raise KVTransferError(
+                f"session {session_id!r}: range [{start}, {end}) is not within the "
+                f"{len(kept.token_ids)} tokens held"
+            )
+        return KVChunk(
+            model_id=self.model_id,
+            dtype=self._dtype,
+            block_size=self._block_size,
+            weight_version=self.version,
+            session_id=session_id,
+            start=start,
+            end=end,
+            token_ids=tuple(kept.token_ids[start:end]),
+            prefix_digest=token_digest(kept.token_ids[:start]),
+            keys=kept.keys[:, start:end],
+            values=kept.values[:, start:end],
+            cacheable=kept.version == self.version,
+            kv_version=kept.version,
+        )
 
-    async def import_kv(self, chunk) -> tuple[int, int]:
-        raise EngineCapabilityError("the vLLM backend cannot import KV (no PD deployments)")
+    async def import_kv(self, chunk: KVChunk) -> tuple[int, int]:
+        """Append a chunk to the KV held for its session (decode role); returns (tokens
+        added, bytes received). KV of weights other than this worker's is dropped, not
+        held: vLLM never decodes on KV of other weights, so the decode recomputes it."""
+        chunk.validate_shape()
+        sid = chunk.session_id
+        if chunk.model_id != self.model_id:
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} is for model {chunk.model_id!r}, worker "
+                f"{self.worker_id} serves {self.model_id!r}"
+            )
+        if chunk.dtype != self._dtype or chunk.keys.dtype != np.float32:
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} has dtype {chunk.dtype!r}/{chunk.keys.dtype}, "
+                f"worker {self.worker_id} runs {self._dtype} (carried as float32 arrays)"
+            )
+        expected = (self._geometry[0], chunk.num_tokens, *self._geometry[1:])
+        if chunk.keys.shape != expected:
+            raise KVTransferError(
+                f"KV chunk of session {sid!r} has shape {chunk.keys.shape}, expected {expected}"
+            )
+        held = self._held.get(sid)
+        if held is not None and held.version != self.version:
+            del self._held[sid]  # of older weights: recomputed, never decoded on
+            held = None
+        if chunk.oldest_version != self.version:
+            self._held.pop(sid, None)
+            return 0, chunk.nbytes
+        have = len(held.token_ids) if held is not None else 0
+        prefix = held.token_ids[: chunk.start] if held is not None else []
+        if chunk.start > have or token_digest(prefix) != chunk.prefix_digest:
+            raise KVPrefixMismatch(
+                f"KV chunk of session {sid!r} starts at token {chunk.start}; worker "
+                f"{self.worker_id} holds {have} tokens that it does not continue"
+            )
+        overlap = have - chunk.start
+        if held is not None and list(chunk.token_ids[:overlap]) != held.token_ids[chunk.start :]:
+            raise KVPrefixMismatch(
+                f"KV chunk of session {sid!r} disagrees with the tokens held from {chunk.start}"
+            )
+        if overlap >= chunk.num_tokens:
+            return 0, chunk.nbytes
+        keys, values = chunk.keys[:, overlap:], chunk.values[:, overlap:]
+        if held is None:
+            self._held[sid] = _SessionKV(list(chunk.token_ids), keys, values, self.version)
+        else:
+            held.append(list(chunk.token_ids[overlap:]), keys, values)
+        return chunk.num_tokens - overlap, chunk.nbytes
 
     async def set_role(self, role: str) -> list[TurnOutput]:
-        if role != "colocated":
-            raise EngineCapabilityError(f"the vLLM backend runs colocated only, not {role}")
+        """Switch role; turns in flight are aborted (each ``run_turn`` returns its partial
+        output, which the router resumes on the new topology) and the KV kept for the old
+        role is dropped."""
+        if role not in ("colocated", "prefill", "decode"):
+            raise ValueError(f"unknown role {role!r}: colocated, prefill or decode")
+        if role != self.role:
+            await self.abort_all()
+            self._prefilled.clear()
+            self._held.clear()
+            self.role = role
         return []
 
     async def abort_all(self) -> list[TurnOutput]:
@@ -293,6 +441,7 @@ class VllmServer:
             )
         await self.engine.update_weight_version(str(version))
         self.version = version
+        self._held.clear()  # imported KV of the old weights: decodes recompute it
 
     async def stats(self) -> dict[str, Any]:
         return {"backend": "vllm", "running": len(self._running), "weight_version": self.version}
@@ -313,6 +462,75 @@ class VllmServer:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        shutil.rmtree(self._kv_dir, ignore_errors=True)
+
+
+@dataclass(slots=True)
+class _SessionKV:
+    """A session's KV held in this process: tokens ``[0, n)`` and their keys and values
+    ``[layers, n, kv_heads, head_dim]`` (float32), computed by weights ``version``."""
+
+    token_ids: list[int]
+    keys: np.ndarray
+    values: np.ndarray
+    version: int
+
+    @classmethod
+    def read(cls, path: str, token_ids: list[int], version: int) -> _SessionKV:
+        """What the connector saved for a prompt of ``token_ids``."""
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            keys = f.get_tensor("keys").float().numpy()
+            values = f.get_tensor("values").float().numpy()
+        if keys.shape[1] != len(token_ids):
+            raise EngineStateError(
+                f"vLLM saved KV of {keys.shape[1]} tokens for a prompt of {len(token_ids)}"
+            )
+        return cls(token_ids, keys, values, version)
+
+    def matched(self, token_ids: list[int]) -> int:
+        """The length of the common prefix of the held tokens and ``token_ids``."""
+        n = 0
+        for a, b in zip(self.token_ids, token_ids, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def truncate(self, n: int) -> None:
+        self.token_ids = self.token_ids[:n]
+        self.keys, self.values = self.keys[:, :n], self.values[:, :n]
+
+    def append(self, token_ids: list[int], keys: np.ndarray, values: np.ndarray) -> None:
+        self.token_ids = self.token_ids + token_ids
+        self.keys = np.concatenate([self.keys, keys], axis=1)
+        self.values = np.concatenate([self.values, values], axis=1)
+
+    def write(self, path: str, n: int) -> None:
+        """Tokens ``[0, n)`` as the connector loads them."""
+        from safetensors.numpy import save_file
+
+        save_file(
+            {
+                "keys": np.ascontiguousarray(self.keys[:, :n]),
+                "values": np.ascontiguousarray(self.values[:, :n]),
+            },
+            path,
+        )
+
+
+def _model_identity(folder: str) -> tuple[str, tuple[int, int, int]]:
+    """A model id for KV chunks (its type and a digest of its ``config.json``: workers of
+    one run load the same folder) and its KV geometry (layers, kv_heads, head_dim)."""
+    with open(os.path.join(folder, "config.json"), "rb") as f:
+        raw = f.read()
+    cfg = json.loads(raw)
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    geometry = (int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads", heads)), head_dim)
+    digest = hashlib.blake2b(raw, digest_size=6).hexdigest()
+    return f"vllm-{cfg.get('model_type', 'model')}-{digest}", geometry
 
 
 def sampled_logprobs(request_id: str, tokens: list[int], logprobs: Any) -> list[float]:
