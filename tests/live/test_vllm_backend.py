@@ -68,6 +68,10 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         assert log and all(s > 0 for _, _, s in log)
         assert sum(t for p, _, _ in log for t, _ in p) >= len(prompt)  # (prefix cache aside)
         assert sum(len(d) for _, d, _ in log) >= 3 * 11  # every token after a turn's first
+        # each decode's context, estimated from the streamed tokens: within the turn's span
+        contexts = [c for _, d, _ in log for c in d]
+        assert sum(c > 0 for c in contexts) >= 0.9 * len(contexts)
+        assert all(c == 0 or len(prompt) < c <= len(prompt) + 12 for c in contexts), contexts
         # the behaviour log-probabilities are the trainer's at the sampling temperature
         for out in outs:
             assert len(out.token_ids) == len(out.logprobs) == 12 and out.finish_reason == "length"
@@ -234,19 +238,24 @@ def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
-def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path):
+@pytest.mark.parametrize("policy", ["roll", "static-pd", "pearl"])
+def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
     """``pearl train rollout.backend=vllm`` end to end on SmolLM2: steps with weights sent
     to vLLM while the next batch rolls out, each token's version, and vLLM's iterations in
-    the run's records (the runtime tracker's input)."""
+    the run's records (the runtime tracker's input); ``static-pd`` moves KV between a
+    prefill and a decode vLLM worker; ``pearl`` also borrows the trainer's slot between
+    updates (a third vLLM worker, put to sleep and woken each round)."""
     import json
 
     from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
     from pearl.live.cluster import ensure_ray
 
-    ensure_ray(num_cpus=3)
+    ensure_ray(num_cpus=4)
     overrides = [
         "rollout.backend=vllm",
+        f"cluster.policy={policy}",
+        "rollout.workers=2",
         "rollout.tasks_per_step=2",
         "rollout.group_size=2",
         "rollout.max_new_tokens=24",
@@ -264,10 +273,66 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path):
     assert out["steps"] == 3 and out["weight_version"] == 3
     folder = tmp_path / "vllm"
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
+    assert all(r["trajectories"] == 4 for r in rows)
     assert rows[0]["staleness"] == 0 and all(r["staleness"] <= 1 for r in rows)
     assert all(r["tokens_on_older_kv"] == 0 for r in rows)  # vLLM recomputes after updates
     shapes = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     assert all(s["iterations"] for s in shapes)
     decodes = sum(len(d) for s in shapes for _, d, _ in s["iterations"])
     assert decodes >= sum(r["rollout_tokens"] for r in rows) - sum(r["turns"] for r in rows)
+    moved = [e["params"]["kv_bytes_per_trajectory"] for e in events if e["kind"] == "refit"]
+    if policy == "static-pd":
+        assert all(r["roles"] == "1 decode + 1 prefill" for r in rows)
+        assert moved and all(b > 0 for b in moved)  # KV crossed between the vLLM workers
+    if policy == "pearl":
+        # the gate decides each round whether to borrow: it did, and gave the slot back
+        kinds = [e["kind"] for e in events]
+        assert kinds.count("borrow") >= 1 and kinds.count("give_back") >= 1
+        assert kinds.count("gate") >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_twenty_vllm_worker_kills_lose_or_duplicate_no_trajectory(smollm2, tmp_path):
+    """Chaos on the vLLM backend: rollout workers' actors killed every 12 s (each
+    replacement starts a new vLLM engine, ~40-60 s here) through a training run with PD
+    (``static-pd``: a killed prefill or decode worker's turns resume elsewhere): every
+    trajectory of every step finished exactly once, each failure noticed."""
+    import json
+
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+    from pearl.live.cluster import ensure_ray
+
+    ensure_ray(num_cpus=4)
+    steps = 120
+    overrides = [
+        "rollout.backend=vllm",
+        "cluster.policy=static-pd",
+        "rollout.workers=3",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
+        f"run.steps={steps}",
+        "run.eval_tasks=0",
+        "run.chaos_kill_every_s=12",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=chaos",
+    ]
+    try:
+        out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    finally:
+        import ray
+
+        ray.shutdown()
+    folder = tmp_path / "chaos"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    kills = sum(e.get("kind") == "chaos_kill" for e in events)
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert all(r["trajectories"] == 4 for r in rows)  # each once: none lost, none doubled
+    failures = out["counters"]["worker_failures"]
+    assert failures == sum(e.get("kind") == "failure" for e in events)
+    assert kills >= 20 and kills - 1 <= failures <= kills, (kills, failures)

@@ -1,5 +1,5 @@
-"""vLLM as a rollout engine (``rollout.backend: vllm``): the ``RolloutEngine`` parts vLLM's
-own engine can do, run in one worker process, and the rest declared missing.
+"""vLLM as a rollout engine (``rollout.backend: vllm``): every ``RolloutEngine`` part,
+run in one worker process.
 
 ``VllmServer`` has ``EngineServer``'s methods, so ``pearl.live.worker`` runs either as a Ray
 actor: each turn is one vLLM request for the turn's whole context (vLLM's prefix cache keeps
@@ -12,12 +12,15 @@ kernels' repacking) inside vLLM's worker (``VllmWorkerExtension``, named in the 
 they recompute their KV under the new weights; each token's version comes from vLLM's own
 per-token weight-version labels. Borrowing's release and restore are vLLM's sleep (level
 1) and wake (weights, then KV cache); on the CPU build they free nothing (vLLM's CPU worker
-ignores sleep) but pause and resume the engine as on a GPU. What vLLM cannot do here is
-declared: no KV export or import by token range (so no PD deployments). Its iterations
-(prefill tokens, decoding requests, seconds) come from vLLM's per-iteration details
-through a stat logger of ours and feed the runtime tracker, so the decision model refits
-on vLLM as on ours. vLLM is imported only in the worker process; it is installed in its
-own venv (``scripts/vllm_env.sh``).
+ignores sleep) but pause and resume the engine as on a GPU. Prefill-decode disaggregation
+goes through PEARL's KV connector (``pearl.live.vllm_kv_connector``, loaded by vLLM by
+path): in the prefill role a turn runs to its first token and the connector saves the
+prompt's KV, which ``export_kv`` cuts into ``KVChunk``s by token range; in the decode role
+``import_kv`` appends chunks to the session's KV held here and the turn's request loads
+what vLLM's prefix cache lacks of it. Its iterations (prefill tokens, decoding requests,
+seconds) come from vLLM's per-iteration details through a stat logger of ours and feed the
+runtime tracker, so the decision model refits on vLLM as on ours. vLLM is imported only in
+the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class VllmServer:
         gpu = _assigned_gpu_fraction()
         if gpu:  # share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer)
             extra["gpu_memory_utilization"] = 0.9 * min(1.0, gpu)
+            # sleep frees the GPU memory (vLLM refuses the option on its CPU build)
+            extra["enable_sleep_mode"] = True
         args = AsyncEngineArgs(
             model=model.folder,
             dtype=engine_config.dtype,
@@ -134,6 +139,7 @@ class VllmServer:
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
         self._block_size = self.engine.vllm_config.cache_config.block_size
         self._running: set[str] = set()
+        self._decoding: dict[str, int] = {}  # running turns' contexts, once decoding
         self._asleep = False
         self._pending: tuple[int, dict[str, Any]] | None = None  # weights received asleep
 
@@ -159,14 +165,21 @@ class VllmServer:
         return IterationLogger(vllm_config, engine_index)
 
     def _log_iteration(self, details: Any) -> None:
-        """One vLLM iteration in our engine's log format: its prefill tokens (as one chunk:
-        vLLM reports their total, not each chunk's start), one decode per generating
-        request (contexts unknown: 0, which the runtime tracker reads as unknown) and its
-        seconds."""
+        """One vLLM iteration in our engine's log format. vLLM reports its prefill
+        requests and their tokens in total (logged as equal chunks from position 0: their
+        starts are not reported), its decoding requests by number and its seconds; each
+        decode's context is estimated from this server's running turns (prompt plus the
+        tokens streamed so far, the longest ones first; 0, unknown, past those)."""
         if self._iteration_log is None:
             return
-        prefill = [(details.num_ctx_tokens, 0)] if details.num_ctx_tokens else []
-        decodes = [0] * details.num_generation_requests
+        chunks = details.num_ctx_requests
+        prefill = []
+        if details.num_ctx_tokens and chunks:
+            share, extra = divmod(details.num_ctx_tokens, chunks)
+            prefill = [(share + (i < extra), 0) for i in range(chunks)]
+        n = details.num_generation_requests
+        decodes = sorted(self._decoding.values(), reverse=True)[:n]
+        decodes += [0] * (n - len(decodes))
         self._iteration_log.append((prefill, decodes, details.elapsed_ms / 1000.0))
 
     # -- turns ----------------------------------------------------------------------
@@ -211,10 +224,13 @@ class VllmServer:
         try:
             async for out in self.engine.generate(prompt, params, turn.request_id):
                 last = out
-                if first_token_at is None and out.outputs and out.outputs[0].token_ids:
-                    first_token_at = time.monotonic()
+                if out.outputs and out.outputs[0].token_ids:
+                    first_token_at = first_token_at or time.monotonic()
+                    n = len(turn.token_ids) + len(out.outputs[0].token_ids)
+                    self._decoding[turn.request_id] = n
         finally:
             self._running.discard(turn.request_id)
+            self._decoding.pop(turn.request_id, None)
             if kv_file is not None and role == "prefill" and os.path.exists(kv_file):
                 self._prefilled[turn.session_id] = _SessionKV.read(
                     kv_file, list(turn.token_ids), self.version
@@ -456,7 +472,7 @@ class VllmServer:
 
     async def log_iterations(self, enabled: bool = True) -> list:
         """Start (or stop) logging vLLM's iterations; returns the log so far (the format of
-        ``EngineServer.log_iterations``, decode contexts unknown)."""
+        ``EngineServer.log_iterations``, decode contexts estimated: ``_log_iteration``)."""
         log, self._iteration_log = self._iteration_log or [], [] if enabled else None
         return log
 
