@@ -244,7 +244,7 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
     to vLLM while the next batch rolls out, each token's version, and vLLM's iterations in
     the run's records (the runtime tracker's input); ``static-pd`` moves KV between a
     prefill and a decode vLLM worker; ``pearl`` also borrows the trainer's slot between
-    updates (a third vLLM worker, put to sleep and woken each round)."""
+    updates when its gate says so (a third vLLM worker, asleep between its rounds)."""
     import json
 
     from pearl.apps.train.config import load_train_config
