@@ -4,7 +4,8 @@
 # (float32 and bfloat16 logits, greedy tokens, decode rate: scripts/gpu_check.py);
 # 3. a short `pearl train` with engines and trainer on the GPU in bfloat16;
 # 4. with two or more GPUs, the same with two trainer processes (FSDP2 over nccl);
-# 5. the vLLM backend on the GPU (its tests, then a short run), from its own venv.
+# 5. the vLLM backend on the GPU (its tests, then short runs of `roll` and `pearl`), from
+#    its own venv.
 # Builds its own venv (.venv-gpu) with the registry's default torch build (CUDA on Linux
 # x86), so the CPU install is untouched; PEARL_TORCH_SPEC overrides it. Everything it
 # prints is also written under the out folder (default gpu_check/).
@@ -49,9 +50,18 @@ fi
 echo "== 5. the vLLM backend on the GPU (its own venv with vLLM's CUDA build)"
 PEARL_VLLM_VENV="$ROOT/.venv-gpu-vllm" PEARL_VLLM_SPEC=vllm PEARL_VLLM_TORCH= \
   bash "$ROOT/scripts/vllm_env.sh"
-"$ROOT/.venv-gpu-vllm/bin/python" -m pytest -q "$ROOT/tests/live/test_vllm_backend.py"
+# Its tests (PD through PEARL's KV connector on CUDA's KV layout, sleep level 1 with
+# enable_sleep_mode freeing memory, weights with turns in flight), up to three vLLM
+# engines at once outside Ray: a quarter of the GPU each.
+PEARL_VLLM_GPU_MEMORY=0.25 "$ROOT/.venv-gpu-vllm/bin/python" -m pytest -q \
+  "$ROOT/tests/live/test_vllm_backend.py"
 "$ROOT/.venv-gpu-vllm/bin/pearl" train rollout.backend=vllm rollout.dtype=bfloat16 \
   trainer.device=cuda trainer.dtype=bfloat16 \
   "cluster.worker_resources={GPU: 0.4}" "cluster.trainer_resources={GPU: 0.4}" \
   run.steps=3 run.eval_tasks=16 "run.run_dir=$OUT" run.run_name=train-gpu-vllm
+# PEARL itself on vLLM: adaptive PD between two vLLM workers, borrowing the trainer's share
+"$ROOT/.venv-gpu-vllm/bin/pearl" train rollout.backend=vllm rollout.dtype=bfloat16 \
+  trainer.device=cuda trainer.dtype=bfloat16 cluster.policy=pearl rollout.workers=2 \
+  "cluster.worker_resources={GPU: 0.25}" "cluster.trainer_resources={GPU: 0.25}" \
+  run.steps=3 run.eval_tasks=16 "run.run_dir=$OUT" run.run_name=train-gpu-vllm-pearl
 echo "gpu_check: all checks passed; results in $OUT"

