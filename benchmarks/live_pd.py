@@ -3,6 +3,7 @@ run live on the same trajectories (SmolLM2-135M-Instruct, our engine, Ray worker
 
     .venv/bin/python benchmarks/live_pd.py                       # three workloads, 3 repeats each
     .venv/bin/python benchmarks/live_pd.py --workloads balanced --repeats 5
+    .venv-vllm/bin/python benchmarks/live_pd.py --backend vllm --out results/live_pd_vllm.json
 
 Per workload: one batch (seed 100) runs on 2 colocated workers, and the runtime tracker
 refits the decision model from its iterations and trajectories, as a running ``pearl-pd``
@@ -57,6 +58,7 @@ ENGINE = EngineConfig(
 )
 FIT_SEED, MEASURE_SEED = 100, 0
 DEPLOYMENTS = ("2C", "1P1D")
+BACKEND = {"name": "pearl"}  # rollout engine of every run (--backend)
 
 
 def workloads() -> dict[str, AgenticProfile]:
@@ -124,7 +126,9 @@ def fit(
     ``link`` is the measured (latency s, bandwidth B/s) of a KV move between two actors."""
     latency, bandwidth = link
     batch = generate_batch(profile, seed=FIT_SEED)
-    result, log = run_live_batch(batch, Deployment.parse("2C"), model, ENGINE, vocab)
+    result, log = run_live_batch(
+        batch, Deployment.parse("2C"), model, ENGINE, vocab, backend=BACKEND["name"]
+    )
     # The prior's KV link: the measured actor-to-actor move at a typical turn's size.
     move_bytes = config.kv_bytes_per_token * 100
     prior = dataclasses.replace(
@@ -168,7 +172,9 @@ def measure(
     for r in range(repeats):
         order = DEPLOYMENTS if r % 2 == 0 else DEPLOYMENTS[::-1]
         for label in order:
-            result, log = run_live_batch(batch, Deployment.parse(label), model, ENGINE, vocab)
+            result, log = run_live_batch(
+                batch, Deployment.parse(label), model, ENGINE, vocab, backend=BACKEND["name"]
+            )
             runs[label].append(result.makespan_s)
             where[label].append(breakdown(result, log))
             first.setdefault(label, (result, log))
@@ -195,7 +201,11 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=["balanced", "small-batch", "swe-cpu"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/live_pd.json")
+    parser.add_argument(
+        "--backend", choices=("pearl", "vllm"), default="pearl", help="the rollout engine"
+    )
     args = parser.parse_args()
+    BACKEND["name"] = args.backend
     known = workloads()
     unknown = [w for w in args.workloads if w not in known]
     if unknown:
@@ -208,7 +218,7 @@ def main() -> None:
     model = ModelSpec(folder=str(folder))
     vocab = config.vocab_size
     start = time.perf_counter()
-    link = measure_transfer(model, ENGINE)  # a colocated batch moves no KV
+    link = measure_transfer(model, ENGINE, backend=args.backend)  # 2C moves no KV
     out = {}
     for name in args.workloads:
         profile = known[name]

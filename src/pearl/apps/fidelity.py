@@ -179,11 +179,13 @@ def run_sim_case(
     return report.result
 
 
-async def _live_workers(deployment: Deployment, model, engine: EngineConfig):
+async def _live_workers(
+    deployment: Deployment, model, engine: EngineConfig, backend: str = "pearl"
+):
     from pearl.live.worker import LiveWorker
 
     workers = [
-        LiveWorker(f"w{i}", model, engine, WorkerRole.COLOCATED)
+        LiveWorker(f"w{i}", model, engine, WorkerRole.COLOCATED, backend=backend)
         for i in range(deployment.num_workers)
     ]
     await asyncio.gather(*(w.ready() for w in workers))
@@ -221,13 +223,14 @@ def run_live_batch(
     vocab: int,
     changes: list[ScriptedChange] | tuple = (),
     wrap: Callable[[Any], Any] | None = None,
+    backend: str = "pearl",
 ) -> tuple[BatchResult, list]:
-    """``batch`` on fresh live workers of ``deployment`` (reconfigured by ``changes``);
-    also every worker's iteration log."""
+    """``batch`` on fresh live workers of ``deployment`` (reconfigured by ``changes``) of
+    ``backend``'s engine; also every worker's iteration log."""
     from pearl.live.worker import LiveKVMover
 
     async def main() -> tuple[BatchResult, list]:
-        workers = await _live_workers(deployment, model, engine)
+        workers = await _live_workers(deployment, model, engine, backend)
         seen = [wrap(w) for w in workers] if wrap is not None else workers
         router = Router(LiveKVMover())
         if deployment.colocated:
@@ -289,12 +292,14 @@ def iteration_check(cost: CostModel, log: list) -> dict[str, float]:
     }
 
 
-def measure_transfer(model, engine: EngineConfig, sizes=(64, 512, 2048)) -> tuple[float, float]:
+def measure_transfer(
+    model, engine: EngineConfig, sizes=(64, 512, 2048), backend: str = "pearl"
+) -> tuple[float, float]:
     """Fit (latency s, bandwidth B/s) of an actor-to-actor KV move from a few sizes."""
     from pearl.live.worker import LiveKVMover
 
     async def main() -> list[tuple[int, float]]:
-        workers = await _live_workers(Deployment(prefill=1, decode=1), model, engine)
+        workers = await _live_workers(Deployment(prefill=1, decode=1), model, engine, backend)
         p, d = workers
         mover = LiveKVMover()
         points = []

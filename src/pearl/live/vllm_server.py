@@ -122,7 +122,7 @@ class VllmServer:
             ) from None
         self.worker_id = worker_id
         self.version = 0
-        self.role = "colocated"
+        self.role = str(getattr(engine_config.role, "value", engine_config.role))
         self.model_id, self._geometry = _model_identity(model.folder)
         self._dtype = engine_config.dtype
         self._block_size = engine_config.block_size
