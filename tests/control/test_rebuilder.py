@@ -182,3 +182,25 @@ def test_role_switch_mid_batch_from_colocated_to_disaggregated():
         if o.telemetry.prefill_worker == "w0" and o.telemetry.decode_worker == "w1"
     ]
     assert late_turns  # turns after the switch went prefill -> decode
+
+
+def test_a_role_switch_goes_on_when_a_worker_it_switches_died_meanwhile():
+    """Two failures at once: the survivors' switch (a failed worker's shrink) also reaches a
+    worker that died since and not yet reported. The live ones switch; the dead one's call
+    raises and is left to its own failure report, instead of failing the first one's."""
+    table, slots, router, factory, rebuilder = setup()
+
+    async def main():
+        three = {s: WorkerRole.COLOCATED for s in slots[:3]}
+        assert await rebuilder.expand(three)
+        rebuilder.workers[slots[2]].close()  # its process dies
+        partials = await rebuilder.reassign(
+            {slots[0]: WorkerRole.PREFILL, slots[1]: WorkerRole.DECODE, slots[2]: WorkerRole.DECODE}
+        )
+        roles = [rebuilder.workers[s].role for s in slots[:2]]
+        for w in list(rebuilder.workers.values()):
+            w.close()
+        return partials, roles
+
+    partials, roles = run_virtual(main)[0]
+    assert partials == [] and roles == [WorkerRole.PREFILL, WorkerRole.DECODE]

@@ -218,10 +218,21 @@ class InterScaleRebuilder:
         # Route to the workers that keep their role while the others switch; if that leaves
         # the topology invalid (e.g. no decode worker yet), route to none until the switch ends.
         self.route_or_hold()
-        partials = await asyncio.gather(*(self.workers[s].set_role(r) for s, r in changes.items()))
+        results = await asyncio.gather(
+            *(self.workers[s].set_role(r) for s, r in changes.items()), return_exceptions=True
+        )
+        partials: list[TurnOutput] = []
+        for result in results:
+            if isinstance(result, EngineStateError):
+                # It died meanwhile (two failures at once): its own failure, reported when
+                # the call found it dead, takes it out; nothing of it to hand back.
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            partials.extend(result)
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in changes})
         self.route_or_hold()
-        return [p for group in partials for p in group]
+        return partials
 
 
 async def _abort_all(worker) -> list[TurnOutput]:

@@ -150,6 +150,8 @@ class VllmServer:
             seed=engine_config.seed,
             enforce_eager=True,
             enable_prefix_caching=True,
+            # Turns arrive and leave as token ids: vLLM needs no tokenizer (nor the folder one)
+            skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.VllmWorkerExtension",
             # Per-iteration shapes and times reach a stat logger of ours (``log_iterations``).
@@ -247,6 +249,7 @@ class VllmServer:
             ignore_eos=turn.ignore_eos,
             stop_token_ids=list(turn.stop_token_ids),
             logprobs=0,  # the sampled token's
+            detokenize=False,
             extra_args={"kv_transfer_params": {"pearl": connector}} if connector else None,
         )
         prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
@@ -492,7 +495,19 @@ class VllmServer:
         self._held.clear()  # imported KV of the old weights: decodes recompute it
 
     async def stats(self) -> dict[str, Any]:
-        return {"backend": "vllm", "running": len(self._running), "weight_version": self.version}
+        """What runs and how vLLM was sized (its scheduler's token budget and sequence
+        limit, its KV blocks): what a simulated twin of this worker copies."""
+        config = self.engine.vllm_config
+        return {
+            "backend": "vllm",
+            "running": len(self._running),
+            "weight_version": self.version,
+            "role": self.role,
+            "block_size": config.cache_config.block_size,
+            "num_kv_blocks": config.cache_config.num_gpu_blocks,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+        }
 
     async def ping(self) -> str:
         return self.worker_id
