@@ -314,6 +314,22 @@ def test_calibrate_rejects_bad_cases_before_calibrating(tmp_path, cases):
     assert not (tmp_path / "cpu.yaml").exists()  # nothing was calibrated
 
 
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--backend", "sglang"], "--backend 'sglang' is not one of pearl, vllm"),
+        (["--backend", "vllm", "--no-fidelity"], "drop --no-fidelity"),
+        (["--backend", "vllm", "--calibration", "grid"], "fits in situ only"),
+    ],
+)
+def test_calibrate_against_vllm_refuses_what_it_cannot_do_before_starting(tmp_path, extra, said):
+    result = CliRunner().invoke(
+        app, ["calibrate", "--out", str(tmp_path / "cpu.yaml"), "--results", "r.json", *extra]
+    )
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert not (tmp_path / "cpu.yaml").exists()
+
+
 def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_path):
     import json
 

@@ -292,11 +292,34 @@ def models_get(name: str = typer.Argument(..., help="catalog name, e.g. smollm2-
         raise typer.Exit(code=2) from None
 
 
-def _calibrate_case_indices(calibration: str, fidelity: bool, model: str, cases: str) -> list[int]:
+def _calibrate_case_indices(
+    calibration: str, fidelity: bool, model: str, cases: str, backend: str = "pearl"
+) -> list[int]:
     """Check ``pearl calibrate``'s options before any work; return the chosen fidelity case
     indices, or echo the error and exit with code 2."""
     from pearl.apps import fidelity as fid
 
+    problem = None
+    if backend not in fid.BACKENDS:
+        problem = f"--backend {backend!r} is not one of {', '.join(fid.BACKENDS)}"
+    elif backend == "vllm" and not fidelity:
+        problem = "--backend vllm fits the cost model during the fidelity run: drop --no-fidelity"
+    elif backend == "vllm" and calibration != "in-situ":
+        problem = (
+            "--backend vllm fits in situ only (--calibration in-situ): the grid is timed in "
+            "our engine's worker"
+        )
+    elif backend == "vllm":
+        from pearl.errors import ConfigError
+        from pearl.live.vllm_server import check_vllm_version
+
+        try:
+            check_vllm_version()
+        except ConfigError as exc:
+            problem = str(exc)
+    if problem is not None:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(code=2)
     if calibration not in fid.CALIBRATIONS:
         typer.echo(
             f"error: --calibration {calibration!r} is not one of {', '.join(fid.CALIBRATIONS)}",
@@ -327,9 +350,10 @@ def _run_fidelity(
     indices: list[int],
     calibration: str,
     live_repeats: int,
-    out: str,
-    report: FitReport,
+    out: str | None,
+    report: FitReport | None,
     results: str,
+    backend: str = "pearl",
 ) -> None:
     """Run the fidelity cases ``indices``, print the median makespan error and write the
     table (with the profile path ``out`` and its fit ``report``) to ``results``."""
@@ -344,7 +368,9 @@ def _run_fidelity(
     # per-turn overhead outside the engine; the in-process profile above is for users' runs.
     rows = [
         r.row()
-        for r in fid.compare(None, chosen, calibration=calibration, live_repeats=live_repeats)
+        for r in fid.compare(
+            None, chosen, calibration=calibration, live_repeats=live_repeats, backend=backend
+        )
     ]
     errors = [abs(r["makespan_error"]) for r in rows]
     print(
@@ -352,8 +378,9 @@ def _run_fidelity(
     )
     Path(results).parent.mkdir(parents=True, exist_ok=True)
     payload = {
+        "backend": backend,
         "profile": out,
-        "fit": report.to_dict(),
+        "fit": report.to_dict() if report is not None else None,
         "calibration": calibration,
         "cases": rows,
         "live_repeats": live_repeats,
@@ -388,9 +415,17 @@ def calibrate(
         help="fidelity fit: in-situ (iterations of held-out live runs per deployment size), "
         "grid (the grid in one worker) or grid-load (the grid in n workers at once)",
     ),
+    backend: str = typer.Option(
+        "pearl",
+        help="live engine of the fidelity runs: pearl (ours) or vllm (from .venv-vllm; the "
+        "cost model is then fitted to vLLM's own iterations, in situ)",
+    ),
 ) -> None:
     """Fit the cost model to this machine's engine; measure the simulator against live runs."""
-    indices = _calibrate_case_indices(calibration, fidelity, model, cases)
+    indices = _calibrate_case_indices(calibration, fidelity, model, cases, backend)
+    if backend == "vllm":  # our engine's grid profile says nothing about vLLM's
+        _run_fidelity(indices, calibration, live_repeats, None, None, results, backend)
+        return
     from pearl.apps.calibrate import run_calibrate
     from pearl.errors import PearlError
 
@@ -403,7 +438,7 @@ def calibrate(
         raise typer.Exit(code=2) from None
     if not fidelity:
         return
-    _run_fidelity(indices, calibration, live_repeats, out, report, results)
+    _run_fidelity(indices, calibration, live_repeats, out, report, results, backend)
 
 
 @app.command()

@@ -201,6 +201,23 @@ def test_anchor_level_keeps_the_live_busy_time_with_stalls():
     assert np.median(predicted / measured) > 1.2  # the median iteration is over-predicted
 
 
+def test_live_iterations_alone_set_their_own_level():
+    """With no grid (vLLM's fit: its own iterations only), ``set_level`` makes the fit keep
+    the iterations' busy time, stalls included; without it the fit follows the median."""
+    model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
+    truth = FittedRates(20e9, 12e9, 6e9, 1.5e9, 4e-3, 1.5e-4, 6e-4)
+    cost = CostModel(truth.gpu(16e9), model, 1, truth.constants())
+    live = [
+        dataclasses.replace(s, seconds=s.seconds * (3.0 if i % 5 == 0 else 1.0))
+        for i, s in enumerate(exact_samples(cost, get_grid("quick").shapes))
+    ]
+    measured = np.array([s.seconds for s in live])
+    leveled, _ = fit_profile(live, model, clock="wall", memory_bytes=16e9, set_level=True)
+    assert predictions(leveled, model, live).sum() == pytest.approx(measured.sum(), rel=0.01)
+    plain, _ = fit_profile(live, model, clock="wall", memory_bytes=16e9)
+    assert predictions(plain, model, live).sum() < 0.9 * measured.sum()
+
+
 def test_fit_needs_enough_positive_samples():
     model = ModelShape.from_hf_config(TINY, "tiny", dtype_bytes=4)
     sample = Sample(((16, 0),), (), 0.01)

@@ -59,6 +59,38 @@ def test_a_vllm_release_other_than_the_pinned_one_is_refused_in_one_line(monkeyp
         check_vllm_version()
 
 
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_without_vllm_installed_calibrating_against_it_says_how_to_get_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from pearl.cli import app
+
+    result = CliRunner().invoke(
+        app, ["calibrate", "--backend", "vllm", "--results", str(tmp_path / "r.json")]
+    )
+    assert result.exit_code == 2 and "scripts/vllm_env.sh" in result.output, result.output
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_the_simulator_is_measured_against_live_vllm_workers():
+    """``pearl calibrate --backend vllm`` on one case, one live run: vLLM's own iterations
+    fit the cost model (no grid: that is our engine's), the twin copies vLLM's sizing, and
+    the simulated makespan lands near the live one (a loose bound: one run, one fit)."""
+    from pearl.apps import fidelity as fid
+
+    case = fid.FidelityCase("swe-cpu 8 traj, 1 colocated", "swe-cpu", 2, 4, "1C")
+    said: list[str] = []
+    try:
+        (result,) = fid.compare(None, [case], live_repeats=1, backend="vllm", log=said.append)
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert any("block_size': 128" in line and "pin_sessions': False" in line for line in said)
+    assert any("fit from held-out live runs on 1C/swe-cpu" in line for line in said)
+    assert abs(result.makespan_error) < 0.5, result.row()
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from pearl.models.catalog import resolve_model

@@ -381,6 +381,7 @@ def fit_profile(
     memory_bytes: float | None = None,
     meta: Mapping[str, Any] | None = None,
     anchor: int = 0,
+    set_level: bool = False,
 ) -> tuple[CostProfile, FitReport]:
     """Fit a ``cpu`` profile so ``CostModel`` (tp=1) predicts ``samples``' times on ``clock``
     for ``model``.
@@ -391,7 +392,8 @@ def fit_profile(
     iterations of live runs whose load the profile must match). The sum, not the median
     ratio: on a shared host a worker's iterations are now and then descheduled (the driver,
     Ray's processes, other workers), a cost paid in a minority of iterations that a median
-    ignores and a batch's makespan does not.
+    ignores and a batch's makespan does not. ``set_level`` sets the level so with
+    ``anchor`` 0 too (every sample's sum: live iterations with no grid before them).
 
     Minimizes the soft-L1 loss of log(predicted / measured) over the log-parameters from
     several starts. ``memory_bytes`` (default: this machine's RAM) becomes the spec's
@@ -417,7 +419,7 @@ def fit_profile(
         _multistart_fit(least_squares, residuals, measured, works), works
     )
     level = 1.0
-    if 0 < anchor < len(samples):
+    if (anchor > 0 or set_level) and anchor < len(samples):
         level = float(np.sum(np.exp(log_measured[anchor:])) / np.sum(predict(rates)[anchor:]))
         rates = rates.slower(level)
     fit_seconds = time.perf_counter() - started

