@@ -91,6 +91,32 @@ def test_the_simulator_is_measured_against_live_vllm_workers():
     assert abs(result.makespan_error) < 0.5, result.row()
 
 
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_a_model_or_setting_vllm_refuses_is_one_line_before_any_worker_starts(tmp_path):
+    """``pearl train rollout.backend=vllm`` runs vLLM's own checks in the driver first: a
+    model whose head size vLLM's CPU kernel lacks (the tiny test model's 16), a context
+    longer than the model's: each a ``ConfigError`` naming it, no run folder written."""
+    import sys
+    from pathlib import Path
+
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from tiny_model import tiny_chat_model
+
+    tiny = tiny_chat_model(tmp_path / "tiny")
+    base = ["rollout.backend=vllm", f"run.run_dir={tmp_path / 'runs'}"]
+    for overrides, said in (
+        ([f"model.name={tiny}"], "CPU attention supports head sizes .* has 16"),
+        (["rollout.max_context_tokens=16384"], "vLLM refuses .*max_model_len"),
+    ):
+        cfg = load_train_config(None, base + overrides)
+        with pytest.raises(ConfigError, match=said):
+            TrainRun(cfg, log=lambda _: None).run()
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from pearl.models.catalog import resolve_model

@@ -106,13 +106,7 @@ class VllmServer:
     ) -> None:
         if model.folder is None:
             raise ValueError("the vLLM backend loads a model folder (ModelSpec.folder)")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        # The connector is written for (and tested on) the V1 model runner's hooks.
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         try:
-            from vllm.config import KVTransferConfig
-            from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise RuntimeError(
@@ -133,39 +127,7 @@ class VllmServer:
         self._file_ids = itertools.count()
         self._prefilled: dict[str, _SessionKV] = {}  # prefill role: each session's last prompt
         self._held: dict[str, _SessionKV] = {}  # decode role: each session's imported KV
-        extra: dict[str, Any] = {}
-        if _on_cuda():
-            # Share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer), or,
-            # outside Ray, as PEARL_VLLM_GPU_MEMORY says (a fraction; vLLM's default 0.9).
-            gpu = _assigned_gpu_fraction()
-            share = 0.9 * min(1.0, gpu) if gpu else float(os.environ.get(_GPU_MEMORY, "0.9"))
-            extra["gpu_memory_utilization"] = share
-            # sleep frees the GPU memory (vLLM refuses the option on its CPU build)
-            extra["enable_sleep_mode"] = True
-        args = AsyncEngineArgs(
-            model=model.folder,
-            dtype=engine_config.dtype,
-            max_model_len=engine_config.max_model_len,
-            max_num_seqs=engine_config.max_num_seqs,
-            seed=engine_config.seed,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            # Turns arrive and leave as token ids: vLLM needs no tokenizer (nor the folder one)
-            skip_tokenizer_init=True,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.VllmWorkerExtension",
-            # Per-iteration shapes and times reach a stat logger of ours (``log_iterations``).
-            disable_log_stats=False,
-            enable_logging_iteration_details=True,
-            # PD: a prefill worker saves each prompt's KV, a decode worker loads what
-            # it was sent (``pearl.live.vllm_kv_connector``); idle in colocated role.
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="PearlConnector",
-                kv_connector_module_path="pearl.live.vllm_kv_connector",
-                kv_role="kv_both",
-            ),
-            **extra,
-        )
+        args = engine_args(model.folder, engine_config)
         self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
         # With stats on, vLLM adds its console logger (throughput every few seconds) only
         # when its loggers module logs at INFO: the run's own log says what matters.
@@ -594,6 +556,79 @@ def _model_identity(folder: str) -> tuple[str, tuple[int, int, int]]:
     geometry = (int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads", heads)), head_dim)
     digest = hashlib.blake2b(raw, digest_size=6).hexdigest()
     return f"vllm-{cfg.get('model_type', 'model')}-{digest}", geometry
+
+
+def engine_args(folder: str, engine_config: EngineConfig) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for a worker serving ``folder`` as ``engine_config`` says
+    (and the environment vLLM reads at start)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    # The connector is written for (and tested on) the V1 model runner's hooks.
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    extra: dict[str, Any] = {}
+    if _on_cuda():
+        # Share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer), or,
+        # outside Ray, as PEARL_VLLM_GPU_MEMORY says (a fraction; vLLM's default 0.9).
+        gpu = _assigned_gpu_fraction()
+        share = 0.9 * min(1.0, gpu) if gpu else float(os.environ.get(_GPU_MEMORY, "0.9"))
+        extra["gpu_memory_utilization"] = share
+        # sleep frees the GPU memory (vLLM refuses the option on its CPU build)
+        extra["enable_sleep_mode"] = True
+    return AsyncEngineArgs(
+        model=folder,
+        dtype=engine_config.dtype,
+        max_model_len=engine_config.max_model_len,
+        max_num_seqs=engine_config.max_num_seqs,
+        seed=engine_config.seed,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        # Turns arrive and leave as token ids: vLLM needs no tokenizer (nor the folder one).
+        skip_tokenizer_init=True,
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=f"{__name__}.VllmWorkerExtension",
+        # Per-iteration shapes and times reach a stat logger of ours (``log_iterations``).
+        disable_log_stats=False,
+        enable_logging_iteration_details=True,
+        # PD: a prefill worker saves each prompt's KV, a decode worker loads what it was
+        # sent (``pearl.live.vllm_kv_connector``); idle in colocated role.
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="PearlConnector",
+            kv_connector_module_path="pearl.live.vllm_kv_connector",
+            kv_role="kv_both",
+        ),
+        **extra,
+    )
+
+
+def preflight(folder: str, engine_config: EngineConfig) -> None:
+    """vLLM's own checks of the model and the engine arguments, run in this process before
+    any worker starts (a refusal otherwise surfaces as workers dying one by one):
+    ``ConfigError`` in one line. On the CPU build also the head size its attention kernel
+    supports (checked only when a worker builds its attention layers)."""
+    from pearl.errors import ConfigError
+
+    try:
+        config = engine_args(folder, engine_config).create_engine_config()
+    except Exception as exc:  # noqa: BLE001 - vLLM's refusals have no common type
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = " ".join(lines[:2])[:400]  # pydantic's says what, then why
+        raise ConfigError(
+            f"vLLM refuses the model {folder} or the rollout settings: "
+            f"{type(exc).__name__}: {reason}"
+        ) from None
+    if not _on_cuda():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head = config.model_config.get_head_size()
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            raise ConfigError(
+                f"vLLM's CPU attention supports head sizes {sizes}; the model {folder} has "
+                f"{head}: run it on rollout.backend=pearl"
+            )
 
 
 def sampled_logprobs(request_id: str, tokens: list[int], logprobs: Any) -> list[float]:

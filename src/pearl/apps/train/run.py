@@ -129,10 +129,19 @@ class _LiveRun:
         borrows = policy.borrowing is not Borrowing.OFF
         trainers = cfg.trainer.processes
         actors = cfg.rollout.workers + preemptible + trainers + (1 if borrows else 0)
+        engine = EngineConfig(
+            block_size=16,
+            num_kv_blocks=cfg.rollout.kv_blocks,
+            max_num_seqs=cfg.rollout.max_num_seqs,
+            max_model_len=cfg.rollout.max_context_tokens,
+            device=cfg.rollout.device,
+            dtype=cfg.rollout.dtype,
+        )
         if cfg.rollout.backend == "vllm":
-            from pearl.live.vllm_server import check_vllm_version
+            from pearl.live import vllm_server
 
-            check_vllm_version()  # installed, and the release whose hooks it uses
+            vllm_server.check_vllm_version()  # installed, and the release whose hooks it uses
+            vllm_server.preflight(str(run.folder), engine)  # vLLM's checks of model, args
         ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
         import ray
 
@@ -174,14 +183,6 @@ class _LiveRun:
             t.threads,
             placement,
             trainers,
-        )
-        engine = EngineConfig(
-            block_size=16,
-            num_kv_blocks=cfg.rollout.kv_blocks,
-            max_num_seqs=cfg.rollout.max_num_seqs,
-            max_model_len=cfg.rollout.max_context_tokens,
-            device=cfg.rollout.device,
-            dtype=cfg.rollout.dtype,
         )
         batch_size = cfg.rollout.tasks_per_step * cfg.rollout.group_size
         prior = cpu_prior(run.model_config, batch_size, cfg.rollout.max_context_tokens)
