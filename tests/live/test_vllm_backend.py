@@ -71,6 +71,7 @@ def test_without_vllm_installed_calibrating_against_it_says_how_to_get_it(tmp_pa
     assert result.exit_code == 2 and "scripts/vllm_env.sh" in result.output, result.output
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
 def test_the_simulator_is_measured_against_live_vllm_workers():
     """``pearl calibrate --backend vllm`` on one case, one live run: vLLM's own iterations
