@@ -141,8 +141,9 @@ class _LiveRun:
             from pearl.live import vllm_server
 
             vllm_server.check_vllm_version()  # installed, and the release whose hooks it uses
-            vllm_server.preflight(str(run.folder), engine)  # vLLM's checks of model, args
         ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
+        if cfg.rollout.backend == "vllm":  # (vLLM imports ray): its checks of model and args
+            vllm_server.preflight(str(run.folder), engine)
         import ray
 
         placement = Placement(
