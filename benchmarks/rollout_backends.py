@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 
-def run(backend: str, overrides: list[str], runs: Path, policy: str | None = None) -> dict:
+def run(
+    backend: str, overrides: list[str], runs: Path, policy: str | None = None, reuse: bool = False
+) -> dict:
     pearl = Path(sys.executable).with_name("pearl")
     name = f"{policy}-{backend}" if policy else backend
     chosen = [f"cluster.policy={policy}"] if policy else []
@@ -42,12 +44,15 @@ def run(backend: str, overrides: list[str], runs: Path, policy: str | None = Non
         f"run.run_name={name}",
         *overrides,
     ]
-    t0 = time.monotonic()
-    done = subprocess.run(args, capture_output=True, text=True)
-    seconds = time.monotonic() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{name}: pearl train failed:\n{done.stderr[-3000:]}")
     folder = runs / name
+    seconds = None  # not known for a run reused from an earlier invocation
+    if not (reuse and (folder / "summary.json").exists()):
+        shutil.rmtree(folder, ignore_errors=True)
+        t0 = time.monotonic()
+        done = subprocess.run(args, capture_output=True, text=True)
+        seconds = time.monotonic() - t0
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: pearl train failed:\n{done.stderr[-3000:]}")
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((folder / "summary.json").read_text())
@@ -65,6 +70,10 @@ def run(backend: str, overrides: list[str], runs: Path, policy: str | None = Non
         "after": summary["after"].get("success_rate"),
         "heldout_tasks": summary["after"].get("tasks"),
     }
+
+
+def wall(r: dict) -> str:
+    return "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
 
 
 def heldout(r: dict) -> str:
@@ -85,6 +94,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/rollout_backends.json")
     parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the finished runs of an interrupted invocation (same overrides) and run the rest",
+    )
+    parser.add_argument(
         "--policies",
         default="",
         help="comma-separated policies, or 'all' (default: the job's own)",
@@ -92,7 +106,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="pearl train overrides (section.key=value)")
     args = parser.parse_args()
     runs = Path(args.out).with_suffix("")
-    shutil.rmtree(runs, ignore_errors=True)
+    if not args.reuse:
+        shutil.rmtree(runs, ignore_errors=True)
     if args.policies == "all":
         from pearl.control.policies import POLICIES
 
@@ -100,7 +115,7 @@ def main() -> None:
     else:
         policies = args.policies.split(",") if args.policies else [None]
     results = [
-        run(backend, args.overrides, runs, policy)
+        run(backend, args.overrides, runs, policy, args.reuse)
         for policy in policies
         for backend in ("pearl", "vllm")
     ]
@@ -113,7 +128,7 @@ def main() -> None:
         print(
             f"| {r['policy'] or 'default'} | {r['backend']} | {r['rollout_tokens_per_s']:.1f} | "
             f"{r['makespan_s']:.2f} | {r['rollout_s']:.1f} | {r['train_s']:.1f} | "
-            f"{'; '.join(r['roles'])} | {heldout(r)} | {r['wall_s']:.0f} |"
+            f"{'; '.join(r['roles'])} | {heldout(r)} | {wall(r)} |"
         )
     for r in results:
         print(

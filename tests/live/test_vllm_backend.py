@@ -96,7 +96,8 @@ def test_the_simulator_is_measured_against_live_vllm_workers():
 def test_a_model_or_setting_vllm_refuses_is_one_line_before_any_worker_starts(tmp_path):
     """``pearl train rollout.backend=vllm`` runs vLLM's own checks in the driver first: a
     model whose head size vLLM's CPU kernel lacks (the tiny test model's 16), a context
-    longer than the model's: each a ``ConfigError`` naming it, no run folder written."""
+    longer than the model's: each a ``ConfigError`` naming it, no run folder written (only
+    the Ray runtime is up: vLLM imports ray, which must start first)."""
     import sys
     from pathlib import Path
 
@@ -108,13 +109,18 @@ def test_a_model_or_setting_vllm_refuses_is_one_line_before_any_worker_starts(tm
 
     tiny = tiny_chat_model(tmp_path / "tiny")
     base = ["rollout.backend=vllm", f"run.run_dir={tmp_path / 'runs'}"]
-    for overrides, said in (
-        ([f"model.name={tiny}"], "CPU attention supports head sizes .* has 16"),
-        (["rollout.max_context_tokens=16384"], "vLLM refuses .*max_model_len"),
-    ):
-        cfg = load_train_config(None, base + overrides)
-        with pytest.raises(ConfigError, match=said):
-            TrainRun(cfg, log=lambda _: None).run()
+    try:
+        for overrides, said in (
+            ([f"model.name={tiny}"], "CPU attention supports head sizes .* has 16"),
+            (["rollout.max_context_tokens=16384"], "vLLM refuses .*max_model_len"),
+        ):
+            cfg = load_train_config(None, base + overrides)
+            with pytest.raises(ConfigError, match=said):
+                TrainRun(cfg, log=lambda _: None).run()
+    finally:
+        import ray
+
+        ray.shutdown()
     assert not (tmp_path / "runs").exists()
 
 
