@@ -225,7 +225,17 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
         # borrowing's sleep and wake: weights sent while asleep are served after the wake;
         # on a GPU (enable_sleep_mode) sleep frees memory, on the CPU build nothing
         free = _gpu_free_bytes()
+        # a turn in flight at the release comes back cut short, as does one sent asleep
+        # (vLLM would hold both until a wake that a give-back never brings)
+        flying = asyncio.ensure_future(
+            server.run_turn(TurnRequest("fly", "s7", prompt, 300, temperature=0.7, seed=6))
+        )
+        await asyncio.sleep(0.5)
         await server.release_device()
+        cut = await asyncio.wait_for(flying, 30)
+        assert cut.finish_reason == "abort" and len(cut.token_ids) < 300
+        late = await asyncio.wait_for(server.run_turn(turns[0]), 30)
+        assert late.finish_reason == "abort" and late.token_ids == []
         if free is not None:
             assert _gpu_free_bytes() > free + 100e6, "vLLM's sleep freed no GPU memory"
         assert await server.load_weights((5, other)) == 5

@@ -188,6 +188,10 @@ class VllmServer:
 
         role = self.role
         submitted = time.monotonic()
+        if self._asleep:
+            # Released (lent back to the trainer): vLLM would queue it until a wake. Cut
+            # short, the router resumes it where the topology now routes.
+            return TurnOutput(turn.request_id, turn.session_id, [], [], "abort", self.version)
         kv_file = None
         connector: dict[str, Any] = {}
         max_tokens = turn.max_new_tokens
@@ -392,10 +396,15 @@ class VllmServer:
         weights serves at once; a wake with newer ones reloads them over the offloaded
         copy). It needs ``enable_sleep_mode`` on GPUs; vLLM's CPU worker frees nothing (its
         sleep is a no-op: only the scheduler pauses and the caches clear), which is what
-        this CPU build can do: the slot lent here is the trainer's core, not memory."""
+        this CPU build can do: the slot lent here is the trainer's core, not memory. Turns
+        in flight are aborted first and one arriving asleep comes back at once, cut short
+        (the router resumes them where it now routes): vLLM would keep them queued until a
+        wake, which a give-back never brings."""
         if not self._asleep:
+            self._asleep = True  # turns arriving from now on come back cut short
+            await self.abort_all()
             await self.engine.sleep(level=1)
-            self._asleep = True
+            await self.abort_all()  # one whose request reached vLLM after the first abort
 
     async def restore_device(self) -> None:
         """Wake from ``release_device``: the weights first, the newest weights installed
@@ -404,10 +413,10 @@ class VllmServer:
         if not self._asleep:
             return
         await self.engine.wake_up(tags=["weights"])
-        if self._pending is not None:
+        while self._pending is not None:  # newer ones may arrive during an install
             version, arrays = self._pending
-            await self._install(version, arrays)
             self._pending = None
+            await self._install(version, arrays)
         await self.engine.wake_up(tags=["kv_cache"])
         if await self.engine.is_sleeping():
             await self.engine.wake_up()  # whatever else vLLM put to sleep
