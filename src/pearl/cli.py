@@ -311,10 +311,9 @@ def _calibrate_case_indices(
         )
     elif backend == "vllm":
         from pearl.errors import ConfigError
-        from pearl.live.vllm_server import check_vllm_version
 
         try:
-            check_vllm_version()
+            fid.check_backend(backend)
         except ConfigError as exc:
             problem = str(exc)
     if problem is not None:

@@ -759,6 +759,15 @@ def compare(
     return results
 
 
+def check_backend(backend: str) -> None:
+    """``ConfigError`` (one line) if ``backend``'s engine cannot run here: for vLLM, not
+    installed, or not the release its hooks were written against."""
+    if backend == "vllm":
+        from pearl.live.vllm_server import check_vllm_version
+
+        check_vllm_version()
+
+
 def _save_random_model(model_config: dict[str, Any], folder: str) -> None:
     """The random-weight model our engine builds from ``model_config`` (seed 0), saved as
     a Hugging Face folder."""
