@@ -342,7 +342,7 @@ def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():
 
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
 @pytest.mark.parametrize("policy", ["roll", "static-pd", "pearl"])
-def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, monkeypatch):
+def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
     """``pearl train rollout.backend=vllm`` end to end on SmolLM2: steps with weights sent
     to vLLM while the next batch rolls out, each token's version, and vLLM's iterations in
     the run's records (the runtime tracker's input); ``static-pd`` moves KV between a
@@ -354,10 +354,7 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, monkeypatch)
     from pearl.apps.train.run import TrainRun
     from pearl.live.cluster import ensure_ray
 
-    # Half of VllmServer's default CPU KV cache (1 GiB) per worker: ``pearl`` runs three
-    # vLLM engines beside the trainer, near this 24 GiB machine's limit at 1 GiB each.
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.5")
-    ensure_ray(num_cpus=4)  # its workers inherit the variable
+    ensure_ray(num_cpus=4)
     overrides = [
         "rollout.backend=vllm",
         f"cluster.policy={policy}",
