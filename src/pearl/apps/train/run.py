@@ -138,12 +138,12 @@ class _LiveRun:
             dtype=cfg.rollout.dtype,
         )
         if cfg.rollout.backend == "vllm":
-            from pearl.live import vllm_server
+            from pearl.live import vllm_setup
 
-            vllm_server.check_vllm_version()  # installed, and the release whose hooks it uses
+            vllm_setup.check_vllm_version()  # installed, and the release whose hooks it uses
         ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
         if cfg.rollout.backend == "vllm":  # (vLLM imports ray): its checks of model and args
-            vllm_server.preflight(str(run.folder), engine)
+            vllm_setup.preflight(str(run.folder), engine)
         import ray
 
         placement = Placement(
