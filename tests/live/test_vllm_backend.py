@@ -340,6 +340,29 @@ def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():
         sampled_logprobs("r", [5, 6], None)
 
 
+def test_kv_folders_of_dead_vllm_servers_are_removed_and_live_ones_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from pearl.live.vllm_server import _kv_folder
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = (
+        tmp_path / f"pearl-kv-{int(gone.stdout)}-w0-abc"
+    )  # a killed worker's: its process is gone
+    alive = tmp_path / f"pearl-kv-{os.getpid()}-w1-def"
+    other = tmp_path / "pearl-kv-w2-ghi"  # not named by a process: not ours to judge
+    for folder in (dead, alive, other):
+        folder.mkdir()
+        (folder / "0.safetensors").write_bytes(b"kv")
+    made = _kv_folder("w3", str(tmp_path))
+    assert not dead.exists() and alive.exists() and other.exists()
+    assert os.path.basename(made).startswith(f"pearl-kv-{os.getpid()}-w3-")
+
+
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
 @pytest.mark.parametrize("policy", ["roll", "static-pd", "pearl"])
 def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):

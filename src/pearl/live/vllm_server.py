@@ -25,6 +25,7 @@ the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
 
 from __future__ import annotations
 
+import glob
 import itertools
 import logging
 import os
@@ -75,10 +76,7 @@ class VllmServer:
         self.model_id, self._geometry = model_identity(model.folder)
         self._dtype = engine_config.dtype
         self._block_size = engine_config.block_size
-        # KV crosses between this process and vLLM's engine process as files, in
-        # memory-backed /dev/shm where there is one.
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self._kv_dir = tempfile.mkdtemp(prefix=f"pearl-kv-{worker_id}-", dir=where)
+        self._kv_dir = _kv_folder(worker_id)
         self._file_ids = itertools.count()
         self._prefilled: dict[str, SessionKV] = {}  # prefill role: each session's last prompt
         self._held: dict[str, SessionKV] = {}  # decode role: each session's imported KV
@@ -452,6 +450,30 @@ class VllmServer:
     def shutdown(self) -> None:
         self.engine.shutdown()
         shutil.rmtree(self._kv_dir, ignore_errors=True)
+
+
+def _kv_folder(worker_id: str, where: str | None = None) -> str:
+    """A new folder for the KV files that cross between this process and vLLM's engine
+    process, in memory-backed /dev/shm where there is one. Its name carries this process's
+    id; folders left by servers whose process is gone (killed workers never shut down)
+    are removed first, so restarted workers do not fill the host's shared memory."""
+    if where is None:
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    for left in glob.glob(os.path.join(where, "pearl-kv-*")):
+        pid = os.path.basename(left).split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"pearl-kv-{os.getpid()}-{worker_id}-", dir=where)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def sampled_logprobs(request_id: str, tokens: list[int], logprobs: Any) -> list[float]:
