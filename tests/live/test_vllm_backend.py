@@ -340,6 +340,37 @@ def test_a_sampled_token_without_a_log_probability_is_an_error_not_zero():
         sampled_logprobs("r", [5, 6], None)
 
 
+def test_every_decode_vllm_reports_gets_a_context_the_fit_can_price():
+    """vLLM may report an iteration after the outputs that ended its requests (or before the
+    first token of one) reached the server: such decodes were logged with context 0, which
+    the cost-model fit refuses (a 40-minute `pearl calibrate --backend vllm` died on it)."""
+    import collections
+    from types import SimpleNamespace
+
+    from pearl.live.vllm_server import VllmServer
+
+    server = VllmServer.__new__(VllmServer)  # the logger alone: no vLLM engine behind it
+    server._iteration_log = []
+    server._contexts = {"a": 90, "b": 41}  # running: streamed tokens, or prompt + 1
+    server._finished = collections.deque([300, 120])  # ended most recently: 120
+
+    def iteration(decodes, prefill_requests=0, prefill_tokens=0):
+        return SimpleNamespace(
+            num_ctx_requests=prefill_requests,
+            num_ctx_tokens=prefill_tokens,
+            num_generation_requests=decodes,
+            elapsed_ms=5.0,
+        )
+
+    server._log_iteration(iteration(2, 1, 7))
+    server._log_iteration(iteration(5))
+    assert server._iteration_log[0] == ([(7, 0)], [90, 41], 0.005)
+    assert server._iteration_log[1][1] == [90, 41, 120, 300, 41]
+    server._contexts, server._finished = {}, collections.deque()
+    server._log_iteration(iteration(2))
+    assert server._iteration_log[2][1] == [1, 1]
+
+
 def test_kv_folders_of_dead_vllm_servers_are_removed_and_live_ones_kept(tmp_path):
     import os
     import subprocess

@@ -22,6 +22,7 @@ from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.engine.config import EngineConfig
+from pearl.errors import EngineStateError
 from pearl.report.progress import Progress
 from pearl.sim.cost_profile import CostProfile
 from pearl.sim.costmodel import CostModel
@@ -450,6 +451,12 @@ def held_out_samples(
             for prefills, decodes, seconds in log
         ]
         out.gaps += [c.gap_s for c in calls if c.gap_s is not None]
+    unknown = sum(1 for s in out.samples if any(c < 1 for c in s.decode_contexts))
+    if unknown:  # said now, not when the fit runs after every case has run live
+        raise EngineStateError(
+            f"{unknown} of the {len(out.samples)} iterations {backend} logged in a held-out "
+            f"run on {deployment} have a decode context < 1: the fit cannot price them"
+        )
     return out
 
 

@@ -25,6 +25,7 @@ the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
 
 from __future__ import annotations
 
+import collections
 import glob
 import itertools
 import logging
@@ -88,7 +89,8 @@ class VllmServer:
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
         self._block_size = self.engine.vllm_config.cache_config.block_size
         self._running: set[str] = set()
-        self._decoding: dict[str, int] = {}  # running turns' contexts, once decoding
+        self._contexts: dict[str, int] = {}  # running turns' contexts (prompt + streamed)
+        self._finished: collections.deque[int] = collections.deque(maxlen=256)  # recent ones
         self._asleep = False
         self._pending: tuple[int, dict[str, Any]] | None = None  # weights received asleep
 
@@ -118,7 +120,9 @@ class VllmServer:
         requests and their tokens in total (logged as equal chunks from position 0: their
         starts are not reported), its decoding requests by number and its seconds; each
         decode's context is estimated from this server's running turns (prompt plus the
-        tokens streamed so far, the longest ones first; 0, unknown, past those)."""
+        tokens streamed so far, the longest ones first), then from the turns finished most
+        recently (vLLM may report an iteration after the outputs that ended its requests
+        reached this process), then the shortest of those repeated (1 if none is known)."""
         if self._iteration_log is None:
             return
         chunks = details.num_ctx_requests
@@ -127,8 +131,9 @@ class VllmServer:
             share, extra = divmod(details.num_ctx_tokens, chunks)
             prefill = [(share + (i < extra), 0) for i in range(chunks)]
         n = details.num_generation_requests
-        decodes = sorted(self._decoding.values(), reverse=True)[:n]
-        decodes += [0] * (n - len(decodes))
+        decodes = sorted(self._contexts.values(), reverse=True)[:n]
+        decodes += list(itertools.islice(reversed(self._finished), n - len(decodes)))
+        decodes += [min(decodes, default=1)] * (n - len(decodes))
         self._iteration_log.append((prefill, decodes, details.elapsed_ms / 1000.0))
 
     # -- turns ----------------------------------------------------------------------
@@ -173,6 +178,7 @@ class VllmServer:
         )
         prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
         self._running.add(turn.request_id)
+        self._contexts[turn.request_id] = len(turn.token_ids) + 1
         last = None
         first_token_at = None
         try:
@@ -181,10 +187,10 @@ class VllmServer:
                 if out.outputs and out.outputs[0].token_ids:
                     first_token_at = first_token_at or time.monotonic()
                     n = len(turn.token_ids) + len(out.outputs[0].token_ids)
-                    self._decoding[turn.request_id] = n
+                    self._contexts[turn.request_id] = n
         finally:
             self._running.discard(turn.request_id)
-            self._decoding.pop(turn.request_id, None)
+            self._finished.append(self._contexts.pop(turn.request_id))
             if kv_file is not None and role == "prefill" and os.path.exists(kv_file):
                 self._prefilled[turn.session_id] = SessionKV.read(
                     kv_file, list(turn.token_ids), self.version
