@@ -457,10 +457,11 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
 def test_twenty_vllm_worker_kills_lose_or_duplicate_no_trajectory(smollm2, tmp_path):
-    """Chaos on the vLLM backend: rollout workers' actors killed every 12 s (each
+    """Chaos on the vLLM backend: rollout workers' actors killed every 25 s (each
     replacement starts a new vLLM engine, ~40-60 s here) through a training run with PD
     (``static-pd``: a killed prefill or decode worker's turns resume elsewhere): every
-    trajectory of every step finished exactly once, each failure noticed."""
+    trajectory of every step finished exactly once, each failure noticed. (Killed every
+    12 s, as on our engine, the pool was never whole: 8 steps in 18 min, 32 kills.)"""
     import json
 
     from pearl.apps.train.config import load_train_config
@@ -468,7 +469,7 @@ def test_twenty_vllm_worker_kills_lose_or_duplicate_no_trajectory(smollm2, tmp_p
     from pearl.live.cluster import ensure_ray
 
     ensure_ray(num_cpus=4)
-    steps = 120
+    steps = 30
     overrides = [
         "rollout.backend=vllm",
         "cluster.policy=static-pd",
@@ -478,7 +479,7 @@ def test_twenty_vllm_worker_kills_lose_or_duplicate_no_trajectory(smollm2, tmp_p
         "rollout.max_new_tokens=16",
         f"run.steps={steps}",
         "run.eval_tasks=0",
-        "run.chaos_kill_every_s=12",
+        "run.chaos_kill_every_s=25",
         f"run.run_dir={tmp_path}",
         "run.run_name=chaos",
     ]
@@ -496,4 +497,5 @@ def test_twenty_vllm_worker_kills_lose_or_duplicate_no_trajectory(smollm2, tmp_p
     assert all(r["trajectories"] == 4 for r in rows)  # each once: none lost, none doubled
     failures = out["counters"]["worker_failures"]
     assert failures == sum(e.get("kind") == "failure" for e in events)
+    print(f"chaos on vLLM: {kills} kills, {failures} noticed, {steps} steps x 4 trajectories")
     assert kills >= 20 and kills - 1 <= failures <= kills, (kills, failures)
