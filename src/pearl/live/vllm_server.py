@@ -404,14 +404,11 @@ class VllmServer:
     async def _install(self, version: int, arrays: dict[str, Any]) -> None:
         """Reload the weights in vLLM's worker, reset what holds KV of the old ones, label
         the version (the scheduler is paused or asleep)."""
-        import tempfile
-
         from safetensors.numpy import save_file
 
-        # Handed to vLLM's worker process as a file in memory-backed /dev/shm where there
-        # is one (its RPC carries small messages, not a model's tensors).
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=where) as folder:
+        # Handed to vLLM's worker process as a file (its RPC carries small messages, not a
+        # model's tensors).
+        with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=_shared_dir()) as folder:
             path = os.path.join(folder, f"v{version}.safetensors")
             save_file({n: a for n, a in arrays.items()}, path)
             await self.engine.collective_rpc("pearl_load_weights", args=(path,))
@@ -463,8 +460,7 @@ def _kv_folder(worker_id: str, where: str | None = None) -> str:
     process, in memory-backed /dev/shm where there is one. Its name carries this process's
     id; folders left by servers whose process is gone (killed workers never shut down)
     are removed first, so restarted workers do not fill the host's shared memory."""
-    if where is None:
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    where = where or _shared_dir()
     for left in glob.glob(os.path.join(where, "pearl-kv-*")):
         pid = os.path.basename(left).split("-")[2]
         if pid.isdigit() and not _alive(int(pid)):
@@ -472,13 +468,18 @@ def _kv_folder(worker_id: str, where: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"pearl-kv-{os.getpid()}-{worker_id}-", dir=where)
 
 
+def _shared_dir() -> str:
+    """Memory-backed /dev/shm where there is one, else the temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: another user's process, alive
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True
 
 
