@@ -5,14 +5,15 @@ vLLM loads this class by path (``kv_connector_module_path`` = this module,
 ``kv_connector`` = ``PearlConnector``; ``VllmServer`` configures it). What to do comes with
 each request, in ``kv_transfer_params`` (``sampling_params.extra_args``):
 
-- ``{"pearl": {"save": path}}`` (prefill role): once the request's prompt is computed, its
-  KV, tokens ``[0, prompt length)`` (cached prefix included), is written to ``path`` as a
-  safetensors file of ``keys`` / ``values`` ``[layers, tokens, kv_heads, head_dim]``: the
-  ``KVChunk`` layout, so ``VllmServer.export_kv`` cuts a chunk from it by token range.
-- ``{"pearl": {"load": path, "tokens": n}}`` (decode role): ``path`` holds KV of the
-  request's first ``n`` tokens; the scheduler counts what its prefix cache lacks of them
-  as externally computed and the worker copies it into the request's blocks before the
-  step's forward (a synchronous load: vLLM computes the rest, at least the last token).
+- ``{"pearl": {"save": path, "from": s}}`` (prefill role): once the request's prompt is
+  computed, the KV of its tokens ``[s, prompt length)`` is written to the session's file
+  at ``path`` (``pearl.live.vllm_session_kv``: one row per token), which then ends there;
+  rows ``[0, s)`` are the session's earlier prompt's, which this one extends.
+- ``{"pearl": {"load": path, "tokens": n}}`` (decode role): the session's file at ``path``
+  holds KV of the request's first ``n`` tokens; the scheduler counts what its prefix cache
+  lacks of them as externally computed and the worker copies those rows alone into the
+  request's blocks before the step's forward (a synchronous load: vLLM computes the rest,
+  at least the last token).
 
 A request loads at most once: one reset by a weights update (or preempted) recomputes its
 KV under the weights it runs, so no token attends to KV the connector brought from other
@@ -28,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
 )
+
+from pearl.live.vllm_session_kv import read_rows, write_rows
 
 PARAMS = "pearl"  # the key of our part of ``kv_transfer_params``
 
@@ -58,6 +59,7 @@ class PearlConnectorMetadata(KVConnectorMetadata):
 @dataclass(slots=True)
 class _Saving:
     path: str
+    start: int  # the first token whose KV is written
     prompt_tokens: int
     block_ids: list[int] = field(default_factory=list)
 
@@ -103,7 +105,10 @@ class PearlConnector(KVConnectorBase_V1):
     def on_new_request(self, request: Any) -> None:
         spec = _params(request)
         if "save" in spec:
-            self._saving[request.request_id] = _Saving(spec["save"], request.num_prompt_tokens)
+            start = int(spec.get("from", 0))
+            self._saving[request.request_id] = _Saving(
+                spec["save"], start, request.num_prompt_tokens
+            )
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = PearlConnectorMetadata()
@@ -134,7 +139,9 @@ class PearlConnector(KVConnectorBase_V1):
                 continue
             done = computed[rid] + scheduler_output.num_scheduled_tokens.get(rid, 0)
             if done >= saving.prompt_tokens:
-                meta.saves.append(_Copy(saving.path, saving.block_ids, 0, saving.prompt_tokens))
+                meta.saves.append(
+                    _Copy(saving.path, saving.block_ids, saving.start, saving.prompt_tokens)
+                )
                 del self._saving[rid]
         return meta
 
@@ -190,18 +197,17 @@ class PearlConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, PearlConnectorMetadata)
         for load in meta.loads:
-            with safe_open(load.path, framework="pt") as f:
-                keys = f.get_slice("keys")[:, load.start : load.end]
-                values = f.get_slice("values")[:, load.start : load.end]
-            if keys.shape[0] != len(self._layers) or keys.shape[1] != load.end - load.start:
-                raise ValueError(
-                    f"PEARL's KV connector: {load.path} holds {tuple(keys.shape)}, expected "
-                    f"{len(self._layers)} layers of tokens [{load.start}, {load.end})"
-                )
+            rows = torch.from_numpy(read_rows(load.path, load.start, load.end, self._row_shape()))
             blocks, offsets = self._slots(load)
-            for (k, v), lk, lv in zip(self._layers, keys, values, strict=True):
-                _token_rows(k, blocks, offsets, self._keys_transposed, lk.to(k.device, k.dtype))
-                _token_rows(v, blocks, offsets, False, lv.to(v.device, v.dtype))
+            for i, (k, v) in enumerate(self._layers):
+                keys, values = rows[:, i, 0], rows[:, i, 1]
+                _token_rows(k, blocks, offsets, self._keys_transposed, keys.to(k.device, k.dtype))
+                _token_rows(v, blocks, offsets, False, values.to(v.device, v.dtype))
+
+    def _row_shape(self) -> tuple[int, int, int, int]:
+        """A token's row in a session's file: [layers, 2 (keys, values), kv_heads, head_dim]."""
+        values = self._layers[0][1]  # [blocks, kv_heads, block, head_dim]
+        return (len(self._layers), 2, values.shape[1], values.shape[3])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads complete in start_load_kv
@@ -215,15 +221,25 @@ class PearlConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, PearlConnectorMetadata)
         for save in meta.saves:
+            if save.end <= save.start:
+                continue
             blocks, offsets = self._slots(save)
             t = self._keys_transposed
-            keys = torch.stack([_token_rows(k, blocks, offsets, t) for k, _ in self._layers])
-            values = torch.stack([_token_rows(v, blocks, offsets, False) for _, v in self._layers])
-            partial = f"{save.path}.partial"
-            save_file(
-                {"keys": keys.cpu().contiguous(), "values": values.cpu().contiguous()}, partial
+            rows = torch.stack(  # [tokens, layers, 2, kv_heads, head_dim]
+                [
+                    torch.stack(
+                        [
+                            _token_rows(k, blocks, offsets, t),
+                            _token_rows(v, blocks, offsets, False),
+                        ],
+                        dim=1,
+                    )
+                    for k, v in self._layers
+                ],
+                dim=1,
             )
-            os.replace(partial, save.path)  # the reader never sees half a file
+            # The server reads the rows once the request has returned its token.
+            write_rows(save.path, save.start, rows.float().cpu().numpy())
 
 
 def _cpu_views(name: str, cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -81,6 +81,8 @@ class VllmServer:
         self._file_ids = itertools.count()
         self._prefilled: dict[str, SessionKV] = {}  # prefill role: each session's last prompt
         self._held: dict[str, SessionKV] = {}  # decode role: each session's imported KV
+        self._in_use: collections.Counter[str] = collections.Counter()  # files turns use
+        self._doomed: set[str] = set()  # files to remove once the turns using them end
         args = engine_args(model.folder, engine_config)
         self._iteration_log: list[tuple[list[tuple[int, int]], list[int], float]] | None = None
         # With stats on, vLLM adds its console logger (throughput every few seconds) only
@@ -91,6 +93,8 @@ class VllmServer:
         self._running: set[str] = set()
         self._contexts: dict[str, int] = {}  # running turns' contexts (prompt + streamed)
         self._finished: collections.deque[int] = collections.deque(maxlen=256)  # recent ones
+        # Seconds this server's event loop spent on KV files (export_kv, import_kv).
+        self._kv_file_s: collections.Counter[str] = collections.Counter()
         self._asleep = False
         self._pending: tuple[int, dict[str, Any]] | None = None  # weights received asleep
 
@@ -150,20 +154,8 @@ class VllmServer:
             # Released (lent back to the trainer): vLLM would queue it until a wake. Cut
             # short, the router resumes it where the topology now routes.
             return TurnOutput(turn.request_id, turn.session_id, [], [], "abort", self.version)
-        kv_file = None
-        connector: dict[str, Any] = {}
-        max_tokens = turn.max_new_tokens
-        if role == "prefill":
-            max_tokens = 1
-            kv_file = self._kv_file()
-            connector = {"save": kv_file}
-        elif role == "decode":
-            held = self._held.get(turn.session_id)
-            tokens = held.matched(turn.token_ids) if held is not None else 0
-            if tokens and held is not None:
-                kv_file = self._kv_file()
-                held.write(kv_file, tokens)
-                connector = {"load": kv_file, "tokens": tokens}
+        kv, connector = self._connector_spec(turn, role)
+        max_tokens = 1 if role == "prefill" else turn.max_new_tokens
         params = SamplingParams(
             temperature=turn.temperature,
             top_p=turn.top_p,
@@ -179,6 +171,8 @@ class VllmServer:
         prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
         self._running.add(turn.request_id)
         self._contexts[turn.request_id] = len(turn.token_ids) + 1
+        if kv is not None:
+            self._in_use[kv.path] += 1  # vLLM's engine process reads or writes it meanwhile
         last = None
         first_token_at = None
         try:
@@ -191,12 +185,8 @@ class VllmServer:
         finally:
             self._running.discard(turn.request_id)
             self._finished.append(self._contexts.pop(turn.request_id))
-            if kv_file is not None and role == "prefill" and os.path.exists(kv_file):
-                self._prefilled[turn.session_id] = SessionKV.read(
-                    kv_file, list(turn.token_ids), self.version
-                )
-            if kv_file is not None and os.path.exists(kv_file):
-                os.remove(kv_file)
+            if kv is not None:
+                self._unpin(kv)
         tokens_out: list[int] = []
         logprobs: list[float] = []
         spans: tuple[VersionSpan, ...] = ()
@@ -211,8 +201,11 @@ class VllmServer:
             spans = version_spans(completion.weight_versions)
         if role == "prefill" and reason == "length" and turn.max_new_tokens > 1:
             reason = "prefilled"  # the router moves its KV and decodes the rest elsewhere
-        if role == "prefill" and spans and turn.session_id in self._prefilled:
-            self._prefilled[turn.session_id].version = spans[-1][2]
+        if role == "prefill" and kv is not None and self._prefilled.get(turn.session_id) is kv:
+            if kv.saved() >= len(turn.token_ids):  # the connector wrote the prompt's rows
+                kv.token_ids = list(turn.token_ids)
+                if spans:  # weights landed meanwhile: the oldest KV the prompt depends on
+                    kv.version = min(kv.version, spans[-1][2])
         return TurnOutput(
             turn.request_id,
             turn.session_id,
@@ -232,8 +225,51 @@ class VllmServer:
             spans,
         )
 
+    def _connector_spec(self, turn: TurnRequest, role: str) -> tuple[SessionKV | None, dict]:
+        """The session's KV file this turn uses and what the connector does with it: in the
+        prefill role, write the prompt's rows after what the session's last prompt shares
+        with it (of the same weights: other weights' rows are rewritten from 0); in the
+        decode role, load from the imported rows what vLLM's prefix cache lacks."""
+        sid = turn.session_id
+        if role == "prefill":
+            kept = self._prefilled.get(sid)
+            if kept is None or kept.version != self.version:
+                if kept is not None:
+                    self._discard(kept)
+                kept = SessionKV(self._kv_file(), self._geometry, [], self.version)
+                self._prefilled[sid] = kept
+            kept.truncate(kept.matched(turn.token_ids))
+            return kept, {"save": kept.path, "from": len(kept.token_ids)}
+        held = self._held.get(sid) if role == "decode" else None
+        tokens = held.matched(turn.token_ids) if held is not None else 0
+        if held is None or not tokens:
+            return None, {}
+        return held, {"load": held.path, "tokens": tokens}
+
     def _kv_file(self) -> str:
-        return os.path.join(self._kv_dir, f"{next(self._file_ids)}.safetensors")
+        return os.path.join(self._kv_dir, f"{next(self._file_ids)}.kv")
+
+    def _discard(self, kv: SessionKV) -> None:
+        """Forget a session's KV file; removed at once, or when the turn using it ends."""
+        if self._in_use[kv.path]:
+            self._doomed.add(kv.path)
+        else:
+            kv.remove()
+
+    def _unpin(self, kv: SessionKV) -> None:
+        self._in_use[kv.path] -= 1
+        if self._in_use[kv.path] <= 0:
+            del self._in_use[kv.path]
+            if kv.path in self._doomed:
+                self._doomed.discard(kv.path)
+                kv.remove()
+
+    def _forget(self, table: dict[str, SessionKV], session_id: str | None = None) -> None:
+        """Discard one session's KV of ``table`` (``_prefilled`` or ``_held``), or all."""
+        for sid in [session_id] if session_id is not None else list(table):
+            kv = table.pop(sid, None)
+            if kv is not None:
+                self._discard(kv)
 
     async def session_length(self, session_id: str) -> int:
         """Prefill role: the tokens of the session's last prompt (vLLM's prefix cache holds
@@ -251,8 +287,8 @@ class VllmServer:
         return len(held.token_ids)
 
     async def release_session(self, session_id: str) -> None:
-        self._prefilled.pop(session_id, None)
-        self._held.pop(session_id, None)
+        self._forget(self._prefilled, session_id)
+        self._forget(self._held, session_id)
 
     async def export_kv(self, session_id: str, start: int, end: int) -> KVChunk:
         """The KV of tokens ``[start, end)`` of the session's last prompt (prefill role)."""
@@ -264,6 +300,9 @@ class VllmServer:
                 f"session {session_id!r}: range [{start}, {end}) is not within the "
                 f"{len(kept.token_ids)} tokens held"
             )
+        t0 = time.perf_counter()
+        keys, values = kept.read(start, end)
+        self._kv_file_s["export"] += time.perf_counter() - t0
         return KVChunk(
             model_id=self.model_id,
             dtype=self._dtype,
@@ -274,8 +313,8 @@ class VllmServer:
             end=end,
             token_ids=tuple(kept.token_ids[start:end]),
             prefix_digest=token_digest(kept.token_ids[:start]),
-            keys=kept.keys[:, start:end],
-            values=kept.values[:, start:end],
+            keys=keys,
+            values=values,
             cacheable=kept.version == self.version,
             kv_version=kept.version,
         )
@@ -303,10 +342,10 @@ class VllmServer:
             )
         held = self._held.get(sid)
         if held is not None and held.version != self.version:
-            del self._held[sid]  # of older weights: recomputed, never decoded on
+            self._forget(self._held, sid)  # of older weights: recomputed, never decoded on
             held = None
         if chunk.oldest_version != self.version:
-            self._held.pop(sid, None)
+            self._forget(self._held, sid)
             return 0, chunk.nbytes
         have = len(held.token_ids) if held is not None else 0
         prefix = held.token_ids[: chunk.start] if held is not None else []
@@ -322,11 +361,13 @@ class VllmServer:
             )
         if overlap >= chunk.num_tokens:
             return 0, chunk.nbytes
-        keys, values = chunk.keys[:, overlap:], chunk.values[:, overlap:]
-        if held is None:
-            self._held[sid] = SessionKV(list(chunk.token_ids), keys, values, self.version)
-        else:
-            held.append(list(chunk.token_ids[overlap:]), keys, values)
+        t0 = time.perf_counter()
+        if held is None:  # the chunk starts at 0 (checked above)
+            held = self._held[sid] = SessionKV(self._kv_file(), self._geometry, [], self.version)
+        held.append(
+            list(chunk.token_ids[overlap:]), chunk.keys[:, overlap:], chunk.values[:, overlap:]
+        )
+        self._kv_file_s["import"] += time.perf_counter() - t0
         return chunk.num_tokens - overlap, chunk.nbytes
 
     async def set_role(self, role: str) -> list[TurnOutput]:
@@ -337,8 +378,8 @@ class VllmServer:
             raise ValueError(f"unknown role {role!r}: colocated, prefill or decode")
         if role != self.role:
             await self.abort_all()
-            self._prefilled.clear()
-            self._held.clear()
+            self._forget(self._prefilled)
+            self._forget(self._held)
             self.role = role
         return []
 
@@ -419,7 +460,7 @@ class VllmServer:
             )
         await self.engine.update_weight_version(str(version))
         self.version = version
-        self._held.clear()  # imported KV of the old weights: decodes recompute it
+        self._forget(self._held)  # imported KV of the old weights: decodes recompute it
 
     async def stats(self) -> dict[str, Any]:
         """What runs and how vLLM was sized (its scheduler's token budget and sequence
@@ -434,6 +475,7 @@ class VllmServer:
             "num_kv_blocks": config.cache_config.num_gpu_blocks,
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
             "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "kv_file_s": dict(self._kv_file_s),
         }
 
     async def ping(self) -> str:
