@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/live_overheads.py                 # swe-cpu 8 traj on 1C, 2C, 1P1D
     .venv/bin/python benchmarks/live_overheads.py --cases 2 --repeats 3
     .venv/bin/python benchmarks/live_overheads.py --cases 2 --repeats 3 --sim   # + simulated
+    .venv-vllm/bin/python benchmarks/live_overheads.py --backend vllm --cases 2 5 --sim
 
 Runs fidelity cases live (Ray actors, the calibration model, wall clock) with every worker
 handle wrapped in a timing proxy, and reports, per case:
@@ -30,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,8 +53,9 @@ def stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def run_case(case, model, vocab: int, sim: dict | None = None) -> dict:
-    """The case live, or with ``sim`` (cost, latency, overhead, rpc) in the simulator."""
+def run_case(case, model, vocab: int, sim: dict | None = None, backend: str = "pearl") -> dict:
+    """The case live on ``backend``'s engine, or with ``sim`` (cost, latency, overhead, rpc,
+    twin) in the simulator."""
     calls: list = []
 
     def wrap(worker):
@@ -60,13 +63,17 @@ def run_case(case, model, vocab: int, sim: dict | None = None) -> dict:
 
     t0 = time.monotonic()
     if sim is None:
-        result, iterations = fid.run_live_case(case, model, fid.CALIBRATION_ENGINE, vocab, wrap)
+        result, iterations = fid.run_live_case(
+            case, model, fid.CALIBRATION_ENGINE, vocab, wrap, backend
+        )
     else:
         iterations = []
+        sim = dict(sim)
+        engine = sim.pop("engine", fid.CALIBRATION_ENGINE)
         result = fid.run_sim_case(
             case,
             **sim,
-            engine=fid.CALIBRATION_ENGINE,
+            engine=engine,
             vocab=vocab,
             wrap=wrap,
             on_iteration=lambda worker, start, dt, out, n: iterations.append(((), (), dt / n)),
@@ -91,17 +98,28 @@ def run_case(case, model, vocab: int, sim: dict | None = None) -> dict:
     }
 
 
-def fit_for(case, model, vocab: int, passes: int) -> dict:
+def fit_for(case, model, vocab: int, passes: int, backend: str = "pearl") -> dict:
     """What ``pearl calibrate`` gives the simulator for ``case``: the in-situ fit on held-out
-    runs of the case's workload and deployment (plus the grid), the per-turn and per-call
-    overheads and the KV move's latency and bandwidth."""
+    runs of the case's workload and deployment (plus the grid, on our engine), the per-turn
+    and per-call overheads and the KV move's latency and bandwidth; on vLLM, its twin."""
     engine = fid.CALIBRATION_ENGINE
-    _, _, (overhead, rpc), grid = fid.calibrate_in_worker(model, engine)
-    latency, bandwidth = fid.measure_transfer(model, engine)
+    extra: dict = {}
+    if backend == "vllm":
+        overhead, rpc, sizing = fid.measure_vllm_overheads(model, engine)
+        grid: list = []
+        extra = {
+            "twin": fid.VLLM_TWIN,
+            "engine": fid.EngineConfig(**sizing, model_id="calibration"),
+        }
+    else:
+        _, _, (overhead, rpc), grid = fid.calibrate_in_worker(model, engine)
+    latency, bandwidth = fid.measure_transfer(model, engine, backend=backend)
     measured = fid.HeldOut()
     for _ in range(passes):
         measured.extend(
-            fid.held_out_samples(model, engine, vocab, fid._fit_key(case.deployment), case.workload)
+            fid.held_out_samples(
+                model, engine, vocab, fid._fit_key(case.deployment), case.workload, backend
+            )
         )
     profile, _ = fid.fit_in_situ(measured.samples, grid)
     overhead, rpc = measured.load_overheads(overhead, rpc)
@@ -114,7 +132,9 @@ def fit_for(case, model, vocab: int, passes: int) -> dict:
         f"{overhead * 1e3:.1f} ms, call {rpc * 1e3:.1f} ms, KV move {latency * 1e3:.1f} ms + "
         f"{bandwidth / 1e6:.0f} MB/s"
     )
-    return dict(cost=cost, link_latency_s=latency, request_overhead_s=overhead, rpc_overhead_s=rpc)
+    return dict(
+        cost=cost, link_latency_s=latency, request_overhead_s=overhead, rpc_overhead_s=rpc, **extra
+    )
 
 
 def print_row(row: dict) -> None:
@@ -174,17 +194,35 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--sim", action="store_true", help="also time the calls in the simulator")
     parser.add_argument("--fit-passes", type=int, default=2, help="held-out runs per fit (--sim)")
+    parser.add_argument("--backend", choices=fid.BACKENDS, default="pearl")
     parser.add_argument("--out", default="results/live_overheads.json")
     args = parser.parse_args()
     ensure_ray(2)
-    model = ModelSpec(config=fid.CALIBRATION_MODEL, seed=0)
     vocab = fid.CALIBRATION_MODEL["vocab_size"]
+    with tempfile.TemporaryDirectory(prefix="pearl-overheads-") as folder:
+        if args.backend == "vllm":  # vLLM loads a folder: the same random-weight model
+            fid._save_random_model(fid.CALIBRATION_MODEL, folder)
+            model = ModelSpec(folder=folder)
+        else:
+            model = ModelSpec(config=fid.CALIBRATION_MODEL, seed=0)
+        rows = run_cases(args, model, vocab)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"backend": args.backend, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def run_cases(args, model, vocab: int) -> list[dict]:
     rows = []
     for index in args.cases:
         case = fid.DEFAULT_CASES[index]
         live = []
         for rep in range(args.repeats):
-            row = {"world": "live", "repeat": rep, **run_case(case, model, vocab)}
+            row = {
+                "world": "live",
+                "repeat": rep,
+                **run_case(case, model, vocab, None, args.backend),
+            }
             print_row(row)
             live.append(row)
         rows += live
@@ -192,15 +230,14 @@ def main() -> None:
             sim = {
                 "world": "sim",
                 "repeat": 0,
-                **run_case(case, model, vocab, fit_for(case, model, vocab, args.fit_passes)),
+                **run_case(
+                    case, model, vocab, fit_for(case, model, vocab, args.fit_passes, args.backend)
+                ),
             }
             print_row(sim)
             print_side_by_side(live, sim)
             rows.append(sim)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+    return rows
 
 
 if __name__ == "__main__":

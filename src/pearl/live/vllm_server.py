@@ -227,9 +227,10 @@ class VllmServer:
 
     def _connector_spec(self, turn: TurnRequest, role: str) -> tuple[SessionKV | None, dict]:
         """The session's KV file this turn uses and what the connector does with it: in the
-        prefill role, write the prompt's rows after what the session's last prompt shares
-        with it (of the same weights: other weights' rows are rewritten from 0); in the
-        decode role, load from the imported rows what vLLM's prefix cache lacks."""
+        prefill role, load what vLLM's prefix cache lacks of the rows the session's last
+        prompt shares with this one (of the same weights: other weights' rows are dropped)
+        and write the rows after them; in the decode role, load what the prefix cache lacks
+        of the imported rows."""
         sid = turn.session_id
         if role == "prefill":
             kept = self._prefilled.get(sid)
@@ -238,8 +239,12 @@ class VllmServer:
                     self._discard(kept)
                 kept = SessionKV(self._kv_file(), self._geometry, [], self.version)
                 self._prefilled[sid] = kept
-            kept.truncate(kept.matched(turn.token_ids))
-            return kept, {"save": kept.path, "from": len(kept.token_ids)}
+            shared = kept.matched(turn.token_ids)
+            kept.truncate(shared)
+            spec: dict[str, Any] = {"save": kept.path, "from": shared}
+            if shared:  # vLLM's prefix cache holds whole blocks (128 tokens on CPU): the rest
+                spec.update(load=kept.path, tokens=shared)  # of the shared rows comes from here
+            return kept, spec
         held = self._held.get(sid) if role == "decode" else None
         tokens = held.matched(turn.token_ids) if held is not None else 0
         if held is None or not tokens:
