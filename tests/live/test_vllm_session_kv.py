@@ -61,3 +61,20 @@ def test_rows_written_from_a_token_replace_the_rest_of_the_file(tmp_path):
     assert np.array_equal(rows[:4], first[:4]) and np.array_equal(rows[4:], second)
     with pytest.raises(KVTransferError):
         read_rows(path, 0, 7, row)
+
+
+def test_kv_files_go_to_shared_memory_only_where_it_has_room(tmp_path, monkeypatch):
+    """Containers often mount a 64 MB /dev/shm: too small for sessions' KV or a model's
+    weights in transit, so the server falls back to the temporary directory."""
+    import shutil
+    import tempfile
+    from collections import namedtuple
+
+    from pearl.live import vllm_server
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(64 << 20, 0, 64 << 20))
+    assert vllm_server._shared_dir(str(tmp_path)) == tempfile.gettempdir()
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(32 << 30, 0, 16 << 30))
+    assert vllm_server._shared_dir(str(tmp_path)) == str(tmp_path)
+    assert vllm_server._shared_dir(str(tmp_path / "absent")) == tempfile.gettempdir()

@@ -515,9 +515,15 @@ def _kv_folder(worker_id: str, where: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"pearl-kv-{os.getpid()}-{worker_id}-", dir=where)
 
 
-def _shared_dir() -> str:
-    """Memory-backed /dev/shm where there is one, else the temporary directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+SHARED_MIN_FREE_BYTES = 4 << 30  # sessions' KV files and a model's weights in transit
+
+
+def _shared_dir(where: str = "/dev/shm") -> str:
+    """Memory-backed /dev/shm where there is one with room (containers often mount 64 MB),
+    else the temporary directory."""
+    if os.path.isdir(where) and shutil.disk_usage(where).free >= SHARED_MIN_FREE_BYTES:
+        return where
+    return tempfile.gettempdir()
 
 
 def _alive(pid: int) -> bool:
