@@ -453,8 +453,9 @@ class VllmServer:
         from safetensors.numpy import save_file
 
         # Handed to vLLM's worker process as a file (its RPC carries small messages, not a
-        # model's tensors).
-        with tempfile.TemporaryDirectory(prefix="pearl-weights-", dir=_shared_dir()) as folder:
+        # model's tensors), in this server's KV folder: a worker killed mid-install leaves
+        # it there, and the next server started on the host removes the folder.
+        with tempfile.TemporaryDirectory(prefix="weights-", dir=self._kv_dir) as folder:
             path = os.path.join(folder, f"v{version}.safetensors")
             save_file({n: a for n, a in arrays.items()}, path)
             await self.engine.collective_rpc("pearl_load_weights", args=(path,))
@@ -503,8 +504,9 @@ class VllmServer:
 
 
 def _kv_folder(worker_id: str, where: str | None = None) -> str:
-    """A new folder for the KV files that cross between this process and vLLM's engine
-    process, in memory-backed /dev/shm where there is one. Its name carries this process's
+    """A new folder for the files that cross between this process and vLLM's engine
+    process (sessions' KV, weights being installed), in memory-backed /dev/shm where there
+    is one with room. Its name carries this process's
     id; folders left by servers whose process is gone (killed workers never shut down)
     are removed first, so restarted workers do not fill the host's shared memory."""
     where = where or _shared_dir()
