@@ -78,3 +78,13 @@ def test_kv_files_go_to_shared_memory_only_where_it_has_room(tmp_path, monkeypat
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(32 << 30, 0, 16 << 30))
     assert vllm_server._shared_dir(str(tmp_path)) == str(tmp_path)
     assert vllm_server._shared_dir(str(tmp_path / "absent")) == tempfile.gettempdir()
+
+
+def test_writing_no_rows_from_a_token_ends_the_file_there(tmp_path):
+    path = str(tmp_path / "p.kv")
+    row = (GEOMETRY[0], 2, *GEOMETRY[1:])
+    write_rows(path, 0, np.ones((4, *row), dtype=np.float32))
+    write_rows(path, 3, np.ones((0, *row), dtype=np.float32))  # was: the whole file wiped
+    assert read_rows(path, 0, 3, row).shape == (3, *row)
+    with pytest.raises(KVTransferError):
+        read_rows(path, 0, 4, row)

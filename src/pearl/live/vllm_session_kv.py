@@ -29,7 +29,7 @@ def write_rows(path: str, start: int, rows: np.ndarray) -> None:
     """Rows ``[start, start + len(rows))`` of the file at ``path`` (created if absent),
     which ends after them: rows it held from ``start`` on are replaced or dropped."""
     data = np.ascontiguousarray(rows, dtype=ROW_DTYPE)
-    row_bytes = data[0].nbytes if len(data) else 0
+    row_bytes = data.itemsize * int(np.prod(data.shape[1:]))
     with open(path, "r+b" if os.path.exists(path) else "wb") as f:
         f.seek(start * row_bytes)
         data.tofile(f)
