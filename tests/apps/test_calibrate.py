@@ -295,3 +295,19 @@ def test_run_calibrate_on_a_model_folder_prints_the_fit_and_saves_json(tmp_path)
     assert len(samples_from_profile(profile)) == len(report.relative_errors) == 16
     with pytest.raises(ConfigError, match="neither a model folder.*qwen3-16m"):
         build_engine(str(tmp_path / "missing"), get_grid("quick"))
+
+
+def test_every_in_situ_fit_gets_its_minimum_of_held_out_runs():
+    from pearl.apps import fidelity as fid
+
+    passes = fid.held_out_passes(fid.DEFAULT_CASES)
+    runs: dict[str, int] = {}
+    for case, n in zip(fid.DEFAULT_CASES, passes, strict=True):
+        runs[fid._in_situ_key(case)] = runs.get(fid._in_situ_key(case), 0) + n
+    assert min(runs.values()) >= fid.MIN_HELD_OUT_RUNS
+    # A fit used by one case takes all its runs after that case; 2C/swe-cpu, used by four
+    # cases, takes one after each (not the minimum four times over).
+    by_name = {c.name: n for c, n in zip(fid.DEFAULT_CASES, passes, strict=True)}
+    assert by_name["swe-cpu 8 traj, 1P1D"] == fid.MIN_HELD_OUT_RUNS
+    assert by_name["swe-cpu 16 traj, 2 colocated"] == 1
+    assert runs["2C/swe-cpu"] == 4

@@ -397,6 +397,7 @@ def calibrate_in_worker(
 CALIBRATION_WORKLOADS = (("swe-cpu", 2, 4), ("game", 1, 8))
 CALIBRATION_SEED = 100
 MAX_FIT_SAMPLES = 800
+MIN_HELD_OUT_RUNS = 3  # per in-situ fit; see held_out_passes
 
 
 @dataclass(slots=True)
@@ -537,6 +538,17 @@ def _grid_profiles(
     return profiles, overhead, rpc, grid_samples
 
 
+def held_out_passes(cases) -> list[int]:
+    """How many held-out runs follow each case's live repeats: every in-situ fit gets at
+    least ``MIN_HELD_OUT_RUNS``, shared among the cases that use it (a fit from a single
+    run carries that run's machine load: on this 2-core host one run's iterations differ
+    from another's by ~10%, which set a case's error directly)."""
+    users: dict[str, int] = {}
+    for case in cases:
+        users[_in_situ_key(case)] = users.get(_in_situ_key(case), 0) + 1
+    return [-(-MIN_HELD_OUT_RUNS // users[_in_situ_key(case)]) for case in cases]
+
+
 def _run_cases_live(
     cases,
     model,
@@ -548,27 +560,31 @@ def _run_cases_live(
     backend: str = "pearl",
 ) -> tuple[list[list], dict[str, HeldOut]]:
     """Each case's ``live_repeats`` live runs, in case order, and (``in_situ``) the held-out
-    runs that followed each case, keyed by :func:`_in_situ_key`."""
+    runs of its fit (:func:`held_out_passes`), each after one of its live runs, keyed by
+    :func:`_in_situ_key`."""
     lives_of: list[list] = []
     held_out: dict[str, HeldOut] = {}
-    log(f"fidelity phase 2/3: {len(cases)} cases live, {live_repeats} runs each")
+    passes = held_out_passes(cases) if in_situ else [0] * len(cases)
+    log(
+        f"fidelity phase 2/3: {len(cases)} cases live, {live_repeats} runs each"
+        + (f", {sum(passes)} held-out runs between them" if in_situ else "")
+    )
     with Progress(len(cases), "fidelity cases run live", logger=__name__) as bar:
-        for case in cases:
+        for case, n_held in zip(cases, passes, strict=True):
             t0 = time.perf_counter()
-            lives_of.append(
-                [
-                    run_live_case(case, model, engine, vocab, backend=backend)
-                    for _ in range(live_repeats)
-                ]
-            )
-            if in_situ:
-                key = _in_situ_key(case)
-                kind = _fit_key(case.deployment)
-                held_out.setdefault(key, HeldOut()).extend(
-                    held_out_samples(model, engine, vocab, kind, case.workload, backend)
-                )
+            lives: list = []
+            key, kind = _in_situ_key(case), _fit_key(case.deployment)
+            for k in range(max(live_repeats, n_held)):
+                if k < live_repeats:
+                    lives.append(run_live_case(case, model, engine, vocab, backend=backend))
+                if k < n_held:
+                    held_out.setdefault(key, HeldOut()).extend(
+                        held_out_samples(model, engine, vocab, kind, case.workload, backend)
+                    )
+            lives_of.append(lives)
             bar.advance(
-                f"{case.name:32s} live x{live_repeats} done ({time.perf_counter() - t0:.0f}s)"
+                f"{case.name:32s} live x{live_repeats}, held-out x{n_held} done "
+                f"({time.perf_counter() - t0:.0f}s)"
             )
     return lives_of, held_out
 
@@ -695,9 +711,10 @@ def compare(
     timed in n workers at once, one fit per deployment size n; ``in-situ`` (default) per
     deployment and workload from the iterations of held-out live runs of that workload (seed
     ``CALIBRATION_SEED``) on that deployment (plus the grid). The held-out runs are
-    interleaved with the cases (after each case's live runs, one held-out run of its
-    workload on its deployment), so the fit samples the machine's load at the times the
-    cases ran; the fits are made once every live run is done, then each case is simulated.
+    interleaved with the cases' live runs (each fit gets at least ``MIN_HELD_OUT_RUNS``,
+    each after a live run of a case that uses it), so the fit samples the machine's load at
+    the times the cases ran; the fits are made once every live run is done, then each case
+    is simulated.
     """
     import shutil
     import tempfile
