@@ -298,16 +298,21 @@ def test_run_calibrate_on_a_model_folder_prints_the_fit_and_saves_json(tmp_path)
 
 
 def test_every_in_situ_fit_gets_its_minimum_of_held_out_runs():
+    """Each deployment a case runs on (its first, then one per change) has an in-situ fit
+    of its workload, and each fit gets at least MIN_HELD_OUT_RUNS held-out runs, shared
+    among the cases that use it (not the minimum once per case)."""
     from pearl.apps import fidelity as fid
 
-    passes = fid.held_out_passes(fid.DEFAULT_CASES)
+    plan = fid.held_out_plan(fid.DEFAULT_CASES)
     runs: dict[str, int] = {}
-    for case, n in zip(fid.DEFAULT_CASES, passes, strict=True):
-        runs[fid._in_situ_key(case)] = runs.get(fid._in_situ_key(case), 0) + n
+    for case_runs in plan:
+        for key, deployment in case_runs:
+            assert key.startswith(deployment + "/")
+            runs[key] = runs.get(key, 0) + 1
+    assert sorted(runs) == ["1C/swe-cpu", "1P1D/game", "1P1D/swe-cpu", "2C/game", "2C/swe-cpu"]
     assert min(runs.values()) >= fid.MIN_HELD_OUT_RUNS
-    # A fit used by one case takes all its runs after that case; 2C/swe-cpu, used by four
-    # cases, takes one after each (not the minimum four times over).
-    by_name = {c.name: n for c, n in zip(fid.DEFAULT_CASES, passes, strict=True)}
-    assert by_name["swe-cpu 8 traj, 1P1D"] == fid.MIN_HELD_OUT_RUNS
-    assert by_name["swe-cpu 16 traj, 2 colocated"] == 1
+    by_name = dict(zip((c.name for c in fid.DEFAULT_CASES), plan, strict=True))
+    # 2C -> 1P1D needs the 1P1D fit too; 2C/swe-cpu, used by four cases, one run after each.
+    assert [d for _, d in by_name["swe-cpu 8 traj, 2C -> 1P1D at 3 s"]] == ["2C", "1P1D", "1P1D"]
+    assert by_name["swe-cpu 16 traj, 2 colocated"] == [("2C/swe-cpu", "2C")]
     assert runs["2C/swe-cpu"] == 4

@@ -516,6 +516,44 @@ def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
         ScriptedChange(1.0, Topology(prefill=1))
 
 
+def test_a_change_can_reprice_the_iterations_after_it():
+    """``phase_costs``: from a change on, the workers' iterations cost what that change's
+    model says (a fidelity case priced by each deployment's own fit); before it, nothing
+    moves. One phase cost per change, or a clear error."""
+    from pearl.control.deployment import Deployment
+    from pearl.control.scripted import ScriptedChange
+    from pearl.sim.fixed import simulate_fixed_rollout
+
+    batch = generate_batch(PROFILE, seed=3)
+    plain = simulate_fixed_rollout(batch, COST, Deployment.parse("2C"))
+    at = plain.makespan_s / 3
+    change = [ScriptedChange(at, Deployment.parse("1P1D").topology)]
+    slow_gpu = dataclasses.replace(COST.gpu, peak_flops=COST.gpu.peak_flops / 4)
+    slow_gpu = dataclasses.replace(slow_gpu, hbm_bandwidth_Bps=slow_gpu.hbm_bandwidth_Bps / 4)
+    slow = dataclasses.replace(COST, gpu=slow_gpu)
+
+    def finishes(phase_costs):
+        report = simulate_fixed_rollout(
+            batch, COST, Deployment.parse("2C"), changes=change, phase_costs=phase_costs
+        )
+        return report.makespan_s, sorted(
+            o.telemetry.finished_at
+            for t in report.result.trajectories
+            for o in t.turns
+            if o.telemetry.finished_at < at
+        )
+
+    same_makespan, same_early = finishes([])
+    assert finishes([COST]) == (same_makespan, same_early)  # repriced to itself: no change
+    slow_makespan, slow_early = finishes([slow])
+    assert slow_early == same_early  # turns done before the change are untouched
+    assert slow_makespan > 1.5 * same_makespan
+    with pytest.raises(ValueError, match="one per change"):
+        simulate_fixed_rollout(
+            batch, COST, Deployment.parse("2C"), changes=change, phase_costs=[COST, COST]
+        )
+
+
 def test_each_step_records_its_prefill_work_and_flushing_the_cache_lowers_the_hit_rate():
     """Per step: prompt tokens computed and served from cached KV, and the hit rate. An
     engine that flushes its prefix cache at every weight update (SGLang's default) must

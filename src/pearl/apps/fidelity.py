@@ -164,8 +164,10 @@ def run_sim_case(
     wrap: Callable[[Any], Any] | None = None,
     on_iteration: Callable | None = None,
     twin: Mapping[str, Any] | None = None,
+    phase_costs: list[CostModel] | None = None,
 ):
-    """The case simulated once; ``wrap`` and ``on_iteration`` as in
+    """The case simulated once; ``wrap``, ``on_iteration`` and ``phase_costs`` (the cost
+    model from each of the case's changes on) as in
     :func:`pearl.sim.fixed.simulate_fixed_rollout`; ``twin``: ``SimEngineConfig`` fields
     of the live backend's twin (``VLLM_TWIN`` for vLLM; default: our live worker's)."""
     cfg = SimEngineConfig.mirroring(
@@ -186,6 +188,7 @@ def run_sim_case(
         changes=case.scripted(),
         wrap=wrap,
         on_iteration=on_iteration,
+        phase_costs=phase_costs or (),
     )
     return report.result
 
@@ -397,7 +400,7 @@ def calibrate_in_worker(
 CALIBRATION_WORKLOADS = (("swe-cpu", 2, 4), ("game", 1, 8))
 CALIBRATION_SEED = 100
 MAX_FIT_SAMPLES = 800
-MIN_HELD_OUT_RUNS = 3  # per in-situ fit; see held_out_passes
+MIN_HELD_OUT_RUNS = 3  # per in-situ fit; see held_out_plan
 
 
 @dataclass(slots=True)
@@ -483,11 +486,17 @@ def fit_in_situ(
 CALIBRATIONS = ("in-situ", "grid", "grid-load")
 
 
-def _in_situ_key(case: FidelityCase) -> str:
-    """The in-situ fit a case uses: held-out runs of its own workload (other seeds) on its
-    deployment, e.g. ``1P1D/swe-cpu`` (workloads differ in batch shapes: one fit over
-    both is biased toward the one with more iterations)."""
-    return f"{_fit_key(case.deployment)}/{case.workload}"
+def _in_situ_key(case: FidelityCase, deployment: str | None = None) -> str:
+    """The in-situ fit a case uses on ``deployment`` (default: its first): held-out runs of
+    its own workload (other seeds) on that deployment, e.g. ``1P1D/swe-cpu`` (workloads
+    differ in batch shapes: one fit over both is biased toward the one with more
+    iterations)."""
+    return f"{_fit_key(deployment or case.deployment)}/{case.workload}"
+
+
+def _phase_deployments(case: FidelityCase) -> list[str]:
+    """The deployments a case runs on, in order: its first, then one per change."""
+    return [case.deployment, *(to for _, to in case.changes)]
 
 
 def _fit_key(deployment: str) -> str:
@@ -538,15 +547,24 @@ def _grid_profiles(
     return profiles, overhead, rpc, grid_samples
 
 
-def held_out_passes(cases) -> list[int]:
-    """How many held-out runs follow each case's live repeats: every in-situ fit gets at
-    least ``MIN_HELD_OUT_RUNS``, shared among the cases that use it (a fit from a single
-    run carries that run's machine load: on this 2-core host one run's iterations differ
-    from another's by ~10%, which set a case's error directly)."""
+def held_out_plan(cases) -> list[list[tuple[str, str]]]:
+    """Per case, the held-out runs that follow its live repeats, as (fit key, deployment):
+    every in-situ fit a case uses (one per deployment it runs on) gets at least
+    ``MIN_HELD_OUT_RUNS``, shared among the cases that use it (a fit from a single run
+    carries that run's machine load: on this 2-core host one run's iterations differ from
+    another's by ~10%, which set a case's error directly)."""
     users: dict[str, int] = {}
     for case in cases:
-        users[_in_situ_key(case)] = users.get(_in_situ_key(case), 0) + 1
-    return [-(-MIN_HELD_OUT_RUNS // users[_in_situ_key(case)]) for case in cases]
+        for key in {_in_situ_key(case, d) for d in _phase_deployments(case)}:
+            users[key] = users.get(key, 0) + 1
+    plan = []
+    for case in cases:
+        runs: list[tuple[str, str]] = []
+        for d in dict.fromkeys(_fit_key(d) for d in _phase_deployments(case)):
+            key = _in_situ_key(case, d)
+            runs += [(key, d)] * -(-MIN_HELD_OUT_RUNS // users[key])
+        plan.append(runs)
+    return plan
 
 
 def _run_cases_live(
@@ -560,30 +578,30 @@ def _run_cases_live(
     backend: str = "pearl",
 ) -> tuple[list[list], dict[str, HeldOut]]:
     """Each case's ``live_repeats`` live runs, in case order, and (``in_situ``) the held-out
-    runs of its fit (:func:`held_out_passes`), each after one of its live runs, keyed by
+    runs of its fits (:func:`held_out_plan`), each after one of its live runs, keyed by
     :func:`_in_situ_key`."""
     lives_of: list[list] = []
     held_out: dict[str, HeldOut] = {}
-    passes = held_out_passes(cases) if in_situ else [0] * len(cases)
+    plan = held_out_plan(cases) if in_situ else [[] for _ in cases]
     log(
         f"fidelity phase 2/3: {len(cases)} cases live, {live_repeats} runs each"
-        + (f", {sum(passes)} held-out runs between them" if in_situ else "")
+        + (f", {sum(map(len, plan))} held-out runs between them" if in_situ else "")
     )
     with Progress(len(cases), "fidelity cases run live", logger=__name__) as bar:
-        for case, n_held in zip(cases, passes, strict=True):
+        for case, runs in zip(cases, plan, strict=True):
             t0 = time.perf_counter()
             lives: list = []
-            key, kind = _in_situ_key(case), _fit_key(case.deployment)
-            for k in range(max(live_repeats, n_held)):
+            for k in range(max(live_repeats, len(runs))):
                 if k < live_repeats:
                     lives.append(run_live_case(case, model, engine, vocab, backend=backend))
-                if k < n_held:
+                if k < len(runs):
+                    key, kind = runs[k]
                     held_out.setdefault(key, HeldOut()).extend(
                         held_out_samples(model, engine, vocab, kind, case.workload, backend)
                     )
             lives_of.append(lives)
             bar.advance(
-                f"{case.name:32s} live x{live_repeats}, held-out x{n_held} done "
+                f"{case.name:32s} live x{live_repeats}, held-out x{len(runs)} done "
                 f"({time.perf_counter() - t0:.0f}s)"
             )
     return lives_of, held_out
@@ -649,6 +667,19 @@ def _turn_errors(sim: BatchResult, lives: list) -> tuple[list[float], list[float
     return errors, lat_live, lat_sim
 
 
+def _cost_for(costs: dict[str, CostModel], case: FidelityCase, deployment: str) -> CostModel:
+    """The cost model of ``case`` on ``deployment``: its in-situ fit, else the fit of the
+    deployment (``grid-load``: of its size), else the grid's."""
+    kind = _fit_key(deployment)
+    n = Deployment.parse(kind).num_workers
+    return (
+        costs.get(_in_situ_key(case, deployment))
+        or costs.get(kind)
+        or costs.get(f"{n}C")
+        or costs["1C"]
+    )
+
+
 def _compare_case(
     case: FidelityCase,
     lives: list,
@@ -660,15 +691,16 @@ def _compare_case(
     log: Callable[[str], None],
     twin: Mapping[str, Any] | None = None,
 ) -> CaseResult:
-    """Simulate ``case`` once with its fit's cost model and ``overheads`` (per-turn call,
-    other calls), compare with its live runs ``lives`` and log the comparison."""
-    kind = _fit_key(case.deployment)
-    n = Deployment.parse(kind).num_workers
-    cost = costs.get(_in_situ_key(case)) or costs.get(kind) or costs.get(f"{n}C") or costs["1C"]
+    """Simulate ``case`` once with its fits' cost models (each deployment it runs on priced
+    by that deployment's fit) and ``overheads`` (per-turn call, other calls), compare with
+    its live runs ``lives`` and log the comparison."""
+    cost, *phases = (_cost_for(costs, case, d) for d in _phase_deployments(case))
     iterations = [it for _, log_ in lives for it in log_]
-    check = iteration_check(cost, iterations)
+    check = iteration_check(cost, iterations)  # against its first deployment's fit
     case_overhead, case_rpc = overheads
-    sim = run_sim_case(case, cost, engine, vocab, latency, case_overhead, case_rpc, twin=twin)
+    sim = run_sim_case(
+        case, cost, engine, vocab, latency, case_overhead, case_rpc, twin=twin, phase_costs=phases
+    )
     errors, lat_live, lat_sim = _turn_errors(sim, lives)
     result = CaseResult(
         case,

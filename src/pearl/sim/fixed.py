@@ -175,11 +175,18 @@ def simulate_fixed_rollout(
     on_iteration: Callable | None = None,
     changes: Sequence[ScriptedChange] = (),
     wrap: Callable[[RolloutWorker], RolloutWorker] | None = None,
+    phase_costs: Sequence[CostModel] = (),
 ) -> FixedRolloutReport:
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan;
-    ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder;
+    ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder,
+    and with ``phase_costs`` (one per change) the workers' iterations are priced by that
+    change's cost model from then on (a fit of the deployment it changes to);
     ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy), as in
     :func:`pearl.apps.fidelity.run_live_case`."""
+    if phase_costs and len(phase_costs) != len(changes):
+        raise ValueError(
+            f"{len(phase_costs)} phase costs for {len(changes)} changes: give one per change"
+        )
     cluster = SimulatedCluster(
         cost,
         deployment.num_workers,
@@ -203,16 +210,27 @@ def simulate_fixed_rollout(
         async def stop(handle) -> None:
             cluster.workers[next(i for i, h in enumerate(seen) if h is handle)].close()
 
-        return await run_scripted_batch(
-            batch,
-            seen,
-            deployment.topology,
-            changes,
-            router.kv_mover,
-            AsyncioClock(),
-            config,
-            stop=stop,
-        )
+        async def reprice(start: float) -> None:
+            phases = list(phase_costs) or [cost] * len(changes)
+            for change, phase in sorted(zip(changes, phases, strict=True), key=lambda c: c[0].at_s):
+                await asyncio.sleep(max(0.0, start + change.at_s - loop.time()))
+                for worker in cluster.workers:
+                    worker.cost = phase
+
+        repricing = asyncio.ensure_future(reprice(loop.time()))
+        try:
+            return await run_scripted_batch(
+                batch,
+                seen,
+                deployment.topology,
+                changes,
+                router.kv_mover,
+                AsyncioClock(),
+                config,
+                stop=stop,
+            )
+        finally:
+            repricing.cancel()
 
     try:
         with sparse_gc():
