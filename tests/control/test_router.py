@@ -197,6 +197,34 @@ def test_a_prefill_worker_gone_before_its_kv_moved_hands_the_turn_back_to_resume
     assert [m[:2] for m in mover.moves] == [("p1", "d0")]
 
 
+@pytest.mark.parametrize("new_role", [WorkerRole.PREFILL, WorkerRole.DECODE])
+def test_a_colocated_turn_that_lands_after_its_worker_switched_role_resumes_whole(new_role):
+    """2C -> 1P1D while a turn is on its way (``request_overhead_s``) to a worker that now
+    prefills (it would stop at the first token) or decodes (it holds no KV for the turn):
+    the turn still comes back whole, resumed on the new topology."""
+
+    async def main():
+        cfg = SimEngineConfig(num_kv_blocks=512, request_overhead_s=0.005)
+        a, b = (SimulatedWorker(w, FlatCost(), cfg, vocab_size=500) for w in "ab")
+        router = Router(InstantMover())
+        router.set_topology(colocated=[a])
+        turn = asyncio.ensure_future(router.run_turn(TurnRequest("r0", "s", [1] * 40, 20)))
+        await asyncio.sleep(0.001)  # picked a, still on its way there
+        other = WorkerRole.DECODE if new_role is WorkerRole.PREFILL else WorkerRole.PREFILL
+        router.set_topology()
+        await asyncio.gather(a.set_role(new_role), b.set_role(other))
+        p, d = (a, b) if new_role is WorkerRole.PREFILL else (b, a)
+        router.set_topology(prefill=[p], decode=[d])
+        out = await asyncio.wait_for(turn, 60)
+        a.close()
+        b.close()
+        return out
+
+    out = run_virtual(main)[0]
+    assert len(out.token_ids) == 20 and len(out.logprobs) == 20
+    assert out.finish_reason == "length"
+
+
 class RecordingRouter(Router):
     def __init__(self):
         super().__init__()

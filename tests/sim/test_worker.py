@@ -282,3 +282,25 @@ def test_a_stopped_worker_keeps_its_counters_and_lets_its_engine_state_go():
     assert held == 319
     assert worker.counters.iterations == iterations > 0
     assert worker.blocks.num_blocks == 1 and not worker.scheduler.sessions
+
+
+def test_a_turn_still_on_its_way_when_the_worker_switches_role_comes_back_aborted():
+    """A turn picked for a colocated worker spends ``request_overhead_s`` on its way; a role
+    switch that lands first (or a stop) must hand it back with nothing generated, as a live
+    worker does, so the router resumes it on the new topology rather than the run failing."""
+
+    async def main():
+        cfg = SimEngineConfig(num_kv_blocks=4096, request_overhead_s=0.005)
+        worker = SimulatedWorker("w0", LinearCost(), cfg, vocab_size=1000)
+        stopped = SimulatedWorker("w1", LinearCost(), cfg, vocab_size=1000)
+        turn = asyncio.ensure_future(worker.generate(TurnRequest("a/0", "a", [1] * 300, 20)))
+        lost = asyncio.ensure_future(stopped.generate(TurnRequest("b/0", "b", [1] * 300, 20)))
+        await asyncio.sleep(0.001)
+        assert await worker.set_role(WorkerRole.DECODE) == []  # nothing in flight yet
+        stopped.close()
+        outs = await turn, await lost
+        worker.close()
+        return outs
+
+    for out in run_virtual(main)[0]:
+        assert out.finish_reason == "abort" and out.token_ids == []

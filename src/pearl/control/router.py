@@ -187,7 +187,12 @@ class Router:
             await self._wait_for_workers(turn.session_id)
             if not self.disaggregated:
                 worker = self._pick(WorkerRole.COLOCATED, turn.session_id, self.colocated)
-                return await worker.generate(turn)  # no await between the pick and the dispatch
+                out = await worker.generate(turn)  # no await between the pick and the dispatch
+                if out.finish_reason == "prefilled":
+                    # The worker became a prefill worker while the turn was on its way there
+                    # and stopped it at its first token: resume the rest on the new topology.
+                    return dataclasses.replace(out, finish_reason="handed_back")
+                return out
             p = self._pick(WorkerRole.PREFILL, turn.session_id, self.prefill)
             try:
                 new_tokens = len(turn.token_ids) - await p.session_length(turn.session_id)

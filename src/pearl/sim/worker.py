@@ -320,6 +320,7 @@ class SimulatedWorker:
 
     async def _run_turn(self, turn: TurnRequest, pin: bool) -> TurnOutput:
         submitted = self._now()
+        role = self._role
         request = engine_request(turn, pin_session=pin)
         fut: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
 
@@ -329,7 +330,17 @@ class SimulatedWorker:
 
         if self.config.request_overhead_s:
             await asyncio.sleep(self.config.request_overhead_s)
-        await self._command(apply)
+        try:
+            await self._command(apply)
+        except EngineStateError:
+            if not (self._closed or self._role is not role):
+                raise  # not a race with a reconfiguration: a bug to surface
+            # A role switch or a stop landed while the turn was on its way (the engine has
+            # no KV for it in the decode role, or is gone): handed back with nothing
+            # generated, as a live worker answers, and the router resumes it.
+            return TurnOutput(
+                turn.request_id, turn.session_id, [], [], "abort", self.requested_version
+            )
         return self._turn_output(await fut, submitted)
 
     def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
