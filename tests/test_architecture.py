@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"models", "errors"},
     "workloads": {"errors"},
     "envs": {"errors"},
+    "agents": {"control", "envs", "models", "errors"},
     "control": {"workloads", "errors"},
     "engine_turns": {"control", "engine"},
     "sim": {"config", "control", "engine", "engine_turns", "models", "workloads", "errors"},
@@ -27,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"control", "workloads", "errors"},
     "report": {"control", "errors"},
     "apps": {
+        "agents",
         "config",
         "control",
         "engine",

@@ -682,3 +682,35 @@ def test_a_chat_template_that_cannot_lay_out_the_tools_fails_before_any_actor(ch
         TrainRun(cfg, log=lambda _: None)
     cfg.env.options.pop("tool_format")  # the calculator's own tag: no tools to lay out
     TrainRun(cfg, log=lambda _: None)
+
+
+def test_an_unmodified_sdk_agent_trains_through_the_endpoint(chat_model, tmp_path, ray_runtime):
+    """``env.name=agent`` with the calculator agent on the official ``openai`` SDK: live
+    engine actors answer its calls, every episode is a trajectory of its sampled ids, the
+    trainer takes its steps, and the run folder counts its tool calls."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    overrides = [
+        f"model.name={chat_model}",
+        "env.name=agent",
+        "env.options.agent=pearl.agents.examples.calculator:solve",
+        "env.options.kwargs.max_turns=2",
+        "rollout.max_context_tokens=1024",  # the tools' system prompt is 808 bytes, a token each
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=6",
+        "run.steps=2",
+        "run.eval_tasks=2",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=agent",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["steps"] == 2 and out["after"]["tasks"] == 2
+    folder = tmp_path / "agent"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("kind") in ("env_error", "env_timeout")] == []
+    for row in rows:  # a random tiny model never answers: the agent gives up after 2 turns
+        assert row["stop_reasons"] == {"done": 4} and row["env_failures"] == 0
+        assert row["turns"] == 8 and row["train_tokens"] == row["rollout_tokens"] > 0

@@ -40,6 +40,8 @@ class TrajectoryResult:
     setup_s: float = 0.0  # environment start before turn 0 (container, VM)
     reward: float | None = None  # episodes: the environment's reward
     sample: TrainSample | None = None  # episodes: what the trainer trains on
+    extra_samples: list[TrainSample] = field(default_factory=list)
+    """Episodes whose agent branched: the samples of its later conversation segments."""
     stop_reason: str | None = None  # episodes: why it ended (pearl.control.episode.STOP_*)
     error: str | None = None  # episodes: the environment's failure, when it failed
     tool_calls: int = 0  # episodes with tools: calls run, and calls refused as malformed
@@ -48,6 +50,11 @@ class TrajectoryResult:
     @property
     def generated_tokens(self) -> int:
         return sum(self.generated)
+
+    @property
+    def samples(self) -> list[TrainSample]:
+        """Everything the trainer trains on from this trajectory."""
+        return ([self.sample] if self.sample is not None else []) + self.extra_samples
 
     def tokens_by_version(self) -> dict[tuple[int, int], int]:
         """Generated tokens by ``(weights, kv)`` versions (``TurnOutput.tokens_by_version``)."""

@@ -14,7 +14,7 @@ import asyncio
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
 from pearl.control.interfaces import Clock, TrainSample, TurnRequest
@@ -56,11 +56,31 @@ class Episode(Protocol):
     def success(self) -> bool: ...
 
 
+@runtime_checkable
+class DrivenEpisode(Protocol):
+    """An episode that runs its own turns through the router (an agent program that calls
+    a model endpoint, ``pearl.agents``) instead of answering them one by one."""
+
+    group: str
+
+    async def drive(
+        self,
+        session_id: str,
+        router: Router,
+        clock: Clock,
+        config: AgentLoopConfig,
+        max_new_tokens: int,
+        max_context_tokens: int,
+        max_turns: int | None,
+    ) -> TrajectoryResult:
+        """Run the episode to its end; the result carries its samples."""
+
+
 @dataclass(slots=True, frozen=True)
 class EpisodeBatch:
     """A rollout batch of episodes: ``(session id, episode)`` pairs, G per task."""
 
-    episodes: list[tuple[str, Episode]]
+    episodes: list[tuple[str, Episode | DrivenEpisode]]
     max_new_tokens: int  # per turn
     max_context_tokens: int  # per trajectory
     max_turns: int | None = None  # per trajectory (None: until the environment ends it)
@@ -196,18 +216,13 @@ async def run_episode_batch(
 ) -> BatchResult:
     """All of the batch's episodes at once; returns when the last one ends."""
     start = clock.now()
+    limits = (batch.max_new_tokens, batch.max_context_tokens, batch.max_turns)
 
-    async def one(session_id: str, episode: Episode) -> TrajectoryResult:
-        result = await run_episode(
-            session_id,
-            episode,
-            router,
-            clock,
-            config,
-            batch.max_new_tokens,
-            batch.max_context_tokens,
-            batch.max_turns,
-        )
+    async def one(session_id: str, episode: Episode | DrivenEpisode) -> TrajectoryResult:
+        if isinstance(episode, DrivenEpisode):
+            result = await episode.drive(session_id, router, clock, config, *limits)
+        else:
+            result = await run_episode(session_id, episode, router, clock, config, *limits)
         if on_trajectory is not None:
             on_trajectory(result)
         return result

@@ -253,7 +253,7 @@ class PipelineScheduler:
                 tokens=tokens,
                 max_sequence_tokens=max(t.context_tokens for t in result.trajectories),
                 weight_versions=rec.weight_versions,
-                samples=tuple(t.sample for t in result.trajectories if t.sample is not None),
+                samples=tuple(s for t in result.trajectories for s in t.samples),
             )
             self._check_staleness(i, rec)
             if self.listener is not None:

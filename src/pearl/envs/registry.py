@@ -35,7 +35,7 @@ def installed_envs() -> dict[str, EntryPoint]:
 def resolve_env_class(name: str) -> type:
     """The environment class ``name`` names (an entry point, or ``module:Class``)."""
     if ":" in name:
-        cls = _import_path(name)
+        cls = import_path(name, "env.name", "Class")
     else:
         known = installed_envs()
         if name not in known:
@@ -56,32 +56,34 @@ def resolve_env_class(name: str) -> type:
     return cls
 
 
-def _import_path(name: str) -> Any:
+def import_path(name: str, where: str, what: str) -> Any:
+    """The object ``package.module:Attr`` names; ``ConfigError`` (prefixed ``where``) saying
+    why not. ``what`` names the expected attribute in messages (Class, function)."""
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"env.name: {name!r} is not 'package.module:Class'")
+        raise ConfigError(f"{where}: {name!r} is not 'package.module:{what}'")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if not (module_name == missing or module_name.startswith(missing + ".")):  # a dependency
             raise ConfigError(
-                f"env.name: importing {module_name!r} failed: ModuleNotFoundError: {exc}"
+                f"{where}: importing {module_name!r} failed: ModuleNotFoundError: {exc}"
             ) from exc
         raise ConfigError(
-            f"env.name: module {module_name!r} not found ({exc}); is its package installed "
+            f"{where}: module {module_name!r} not found ({exc}); is its package installed "
             f"in this environment (pip install -e <folder>)?"
         ) from exc
     except Exception as exc:
         raise ConfigError(
-            f"env.name: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+            f"{where}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             public = sorted(n for n in dir(module) if not n.startswith("_"))
             raise ConfigError(
-                f"env.name: module {module_name!r} has no attribute {attr!r}; it has: "
+                f"{where}: module {module_name!r} has no attribute {attr!r}; it has: "
                 f"{', '.join(public) or 'nothing public'}"
             )
         obj = getattr(obj, part)

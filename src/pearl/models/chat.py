@@ -68,8 +68,23 @@ class ChatFormat:
         )
 
     def _render(self, system, user, demonstration, tools) -> str:
+        messages = [
+            {"role": "system", "content": system},
+            *({"role": r, "content": t} for r, t in demonstration),
+            {"role": "user", "content": user},
+        ]
+        return self.render_template(messages, tools)
+
+    def render_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """``messages`` (Hugging Face chat format) through the model's own template, in a
+        sandbox, ending with the assistant's header; ``ConfigError`` if it cannot."""
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if self.template is None:
+            raise ConfigError("the model has no chat template")
 
         def fail(message: str) -> None:
             raise TemplateError(message)
@@ -79,17 +94,12 @@ class ChatFormat:
             x, ensure_ascii=False, indent=indent
         )
         env.globals["raise_exception"] = fail
-        messages = [
-            {"role": "system", "content": system},
-            *({"role": r, "content": t} for r, t in demonstration),
-            {"role": "user", "content": user},
-        ]
         try:
             text = env.from_string(self.template).render(
                 messages=messages, tools=tools, add_generation_prompt=True
             )
         except TemplateError as exc:
-            raise ConfigError(f"the model's chat template failed to render tools: {exc}") from exc
+            raise ConfigError(f"the model's chat template failed to render: {exc}") from exc
         if not text.endswith(f"{START}assistant\n"):
             raise ConfigError(
                 "the model's chat template does not end a prompt with a ChatML assistant "
@@ -97,13 +107,27 @@ class ChatFormat:
             )
         return text
 
+    def render(self, messages: list[tuple[str, str]]) -> list[int]:
+        """A whole conversation of ``(role, text)`` messages as the model's template lays it
+        out (plain ChatML for a model without one), then the assistant's header."""
+        if self.template is not None:
+            chat = [{"role": r, "content": t} for r, t in messages]
+            return self.tokenizer.encode(self.render_template(chat))
+        shown = "".join(f"{START}{role}\n{text}{END}\n" for role, text in messages)
+        return self.tokenizer.encode(f"{shown}{START}assistant\n")
+
+    def append(self, reply: list[int], messages: list[tuple[str, str]]) -> list[int]:
+        """What follows the model's ``reply`` in a conversation that goes on with
+        ``messages`` (``(role, text)``): the reply's end token if it was cut off, the
+        messages in ChatML, then the assistant's header."""
+        close = [] if reply and reply[-1] == self.end_id else [self.end_id]
+        shown = "".join(f"{START}{role}\n{text}{END}\n" for role, text in messages)
+        return close + self.tokenizer.encode(f"\n{shown}{START}assistant\n")
+
     def next_turn(self, reply: list[int], observation: str) -> list[int]:
         """What follows the model's ``reply``: its end token if the reply was cut off, then
         the user message ``observation`` and the assistant's header."""
-        close = [] if reply and reply[-1] == self.end_id else [self.end_id]
-        return close + self.tokenizer.encode(
-            f"\n{START}user\n{observation}{END}\n{START}assistant\n"
-        )
+        return self.append(reply, [("user", observation)])
 
     def text(self, ids: list[int]) -> str:
         """A reply as text, without its end token."""

@@ -36,6 +36,7 @@ class TrainRun:
     actors and trains (``_LiveRun``)."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> None:
+        from pearl.agents.plugin import AGENT_ENV, AgentOptions
         from pearl.envs.registry import env_factory
         from pearl.models.catalog import resolve_model
         from pearl.models.chat import ChatFormat, turn_stop_ids
@@ -44,7 +45,12 @@ class TrainRun:
         self.cfg = cfg
         self.log = log or logging.getLogger(__name__).info
         # Resolved and tried once now: a bad name or option fails before any actor starts.
-        self.make_env = env_factory(cfg.env.name, cfg.env.options)
+        self.agent = self.endpoint = None
+        if cfg.env.name == AGENT_ENV:
+            self.agent = AgentOptions.parse(cfg.env.options)
+            self.agent_fn = self.agent.load()
+        else:
+            self.make_env = env_factory(cfg.env.name, cfg.env.options)
         if cfg.logger.wandb and importlib.util.find_spec("wandb") is None:
             raise ConfigError(
                 "logger.wandb: true needs the wandb package (pip install 'pearl-rollout[wandb]'"
@@ -69,6 +75,8 @@ class TrainRun:
         before any actor starts, instead of at the first rollout."""
         from pearl.envs.tools import check_tools
 
+        if self.agent is not None:
+            return  # an agent's calls bring their own tools, checked per call
         env = self.make_env()
         tools = getattr(env, "tools", None)
         if tools:
@@ -83,18 +91,60 @@ class TrainRun:
         from pearl.live.episodes import TextEpisode
 
         timeout = self.cfg.env.step_timeout_s
-        out = []
+        out: list = []
         for t in range(first, first + tasks):
             seed = split_seed(split, t)
             for g in range(group):
-                episode = TextEpisode(self.make_env(), seed, self.chat, f"{split}{t}", timeout, log)
+                if self.agent is not None:
+                    episode = self._agent_episode(seed, f"{split}{t}", log)
+                else:
+                    episode = TextEpisode(
+                        self.make_env(), seed, self.chat, f"{split}{t}", timeout, log
+                    )
                 out.append((f"{split}{t}/{g}", episode))
         return out
+
+    def _agent_episode(self, seed: int, group: str, log: Callable[[dict], None]):
+        from pearl.agents.episode import AgentEpisode
+
+        options = self.agent
+        assert options is not None and self.endpoint is not None  # started by run()
+        return AgentEpisode(
+            self.agent_fn,
+            seed,
+            group,
+            self.chat,
+            self.endpoint,
+            options.episode_timeout_s,
+            options.kwargs,
+            options.success_reward,
+            log,
+        )
 
     def run(self, resume: str | None = None) -> dict[str, Any]:
         return asyncio.run(self._main(resume))
 
     async def _main(self, resume: str | None) -> dict[str, Any]:
+        if self.agent is not None:
+            from pearl.agents.endpoint import AgentEndpoint
+
+            options = self.agent
+            self.endpoint = AgentEndpoint(
+                options.served_model,
+                options.host,
+                options.port,
+                options.api_key,
+                options.max_request_bytes,
+            )
+            await self.endpoint.start()
+            self.log(f"agent endpoint: {self.endpoint.url} (one base URL per episode)")
+        try:
+            return await self._train(resume)
+        finally:
+            if self.endpoint is not None:
+                await self.endpoint.stop()
+
+    async def _train(self, resume: str | None) -> dict[str, Any]:
         live = _LiveRun(self, resume)
         stop = _StopOnSignals()
         try:

@@ -1,0 +1,318 @@
+"""One trajectory of an agent program: its calls to the endpoint are the turns.
+
+The agent is an ``async`` function ``agent(seed, client, **kwargs)`` that talks to the model
+through an OpenAI-compatible ``client`` (``ClientConfig``: base URL, key and model name)
+and returns its reward: a number (success: reward >= ``success_reward``) or a mapping
+``{"reward": r, "success": bool}``. Each call is a turn through the control plane's router
+(session affinity, PD, KV moves, preemption: an aborted turn resumes and the agent sees one
+answer); the calls form the trajectory's segments (``pearl.agents.conversation``).
+
+The agent is someone else's code, so the episode ends, without ending the run, when it
+raises or returns something else (``env_error``, reward 0, not trained on), runs past
+``timeout_s`` (``env_timeout``), makes no call at all (``env_error``), uses up the turn
+budget or overflows the context (``max_turns`` / ``context_full``: the call gets an
+OpenAI-style error, the agent has ``END_GRACE_S`` to return before it is cancelled, and
+what it did so far is trained on with reward 0, as for an environment that runs out of
+turns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pearl.agents.conversation import Conversation
+from pearl.agents.messages import ApiError, ChatRequest
+from pearl.agents.replies import Reply, make_reply
+from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
+from pearl.control.episode import (
+    ENV_FAILURES,
+    STOP_CONTEXT_FULL,
+    STOP_DONE,
+    STOP_ENV_ERROR,
+    STOP_ENV_TIMEOUT,
+    STOP_MAX_TURNS,
+)
+from pearl.control.interfaces import Clock, TrainSample, TurnRequest
+from pearl.control.router import Router
+from pearl.models.chat import ChatFormat
+
+
+@dataclass(slots=True, frozen=True)
+class ClientConfig:
+    """What an agent needs to reach the model: ``openai.AsyncOpenAI(base_url=...,
+    api_key=...)`` and ``model`` in each call."""
+
+    base_url: str
+    api_key: str
+    model: str
+
+
+AgentFn = Callable[..., Awaitable[Any]]
+END_GRACE_S = 2.0  # how long an agent whose episode a budget ended may take to return
+
+
+class Endpoint(Protocol):
+    """What an episode needs of the HTTP endpoint (``pearl.agents.endpoint``)."""
+
+    def open(self, episode: AgentEpisode) -> ClientConfig:
+        """Start routing calls to ``episode``; the configuration its agent gets."""
+
+    def close(self, episode: AgentEpisode) -> None:
+        """Refuse the episode's calls from now on."""
+
+
+@dataclass(slots=True)
+class _Run:
+    """An episode's state while it runs."""
+
+    session_id: str
+    router: Router
+    clock: Clock
+    config: AgentLoopConfig
+    max_new_tokens: int
+    max_context_tokens: int
+    max_turns: int | None
+    result: TrajectoryResult
+    last_answer: float
+
+
+class AgentEpisode:
+    """The agent on task ``seed``; ``group`` names the task (GRPO groups)."""
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        seed: int,
+        group: str,
+        chat: ChatFormat,
+        endpoint: Endpoint,
+        timeout_s: float | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        success_reward: float = 1.0,
+        log: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.agent, self.seed, self.group, self.chat = agent, seed, group, chat
+        self.endpoint, self.timeout_s, self.kwargs = endpoint, timeout_s, dict(kwargs or {})
+        self.success_reward, self.log = success_reward, log
+        self.conversation = Conversation(chat)
+        self.success = False
+        self.tool_calls = 0
+        self.malformed_calls = 0
+        self._run: _Run | None = None
+        self._ended: asyncio.Event | None = None
+        self._stop: str | None = None  # set when the endpoint ends the episode
+        self._inflight: set[asyncio.Task] = set()
+
+    async def drive(
+        self,
+        session_id: str,
+        router: Router,
+        clock: Clock,
+        config: AgentLoopConfig,
+        max_new_tokens: int,
+        max_context_tokens: int,
+        max_turns: int | None,
+    ) -> TrajectoryResult:
+        result = TrajectoryResult(session_id, None, started_at=clock.now())
+        self._run = _Run(
+            session_id,
+            router,
+            clock,
+            config,
+            max_new_tokens,
+            max_context_tokens,
+            max_turns,
+            result,
+            clock.now(),
+        )
+        self._ended = asyncio.Event()
+        client = self.endpoint.open(self)
+        task = asyncio.ensure_future(self.agent(self.seed, client, **self.kwargs))
+        ended = asyncio.ensure_future(self._ended.wait())
+        try:
+            await asyncio.wait({task, ended}, timeout=self.timeout_s, return_when="FIRST_COMPLETED")
+            if self._stop is not None:  # ended by a budget: the agent gets its error first
+                await asyncio.wait({task}, timeout=END_GRACE_S)
+        finally:
+            ended.cancel()
+            self.endpoint.close(self)  # later calls are refused
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        reward, stop, error = self._outcome(task)
+        for segment in self.conversation.segments:
+            await router.end_session(self._session(segment.index))
+        return self._finish(result, reward, stop, error)
+
+    def _outcome(self, task: asyncio.Task) -> tuple[float, str, str | None]:
+        """(reward, stop reason, error) of the finished agent ``task``."""
+        who = self._who()
+        if self._stop is not None:
+            return 0.0, self._stop, None
+        if not task.done() or task.cancelled():
+            return 0.0, STOP_ENV_TIMEOUT, f"{who} took more than {self.timeout_s:g} s"
+        if task.exception() is not None:
+            exc = task.exception()
+            return 0.0, STOP_ENV_ERROR, f"{who} raised {type(exc).__name__}: {exc}"
+        if not self.conversation.used:
+            return 0.0, STOP_ENV_ERROR, f"{who} returned without calling the model"
+        value = task.result()
+        reward, success = _reward(value, self.success_reward)
+        if reward is None:
+            return (
+                0.0,
+                STOP_ENV_ERROR,
+                (
+                    f"{who} returned {type(value).__name__}; expected a finite number or "
+                    '{"reward": number, "success": bool}'
+                ),
+            )
+        self.success = success
+        return reward, STOP_DONE, None
+
+    def _finish(
+        self, result: TrajectoryResult, reward: float, stop: str, error: str | None
+    ) -> TrajectoryResult:
+        assert self._run is not None
+        result.finished_at = self._run.clock.now()
+        result.reward = reward
+        result.stop_reason = stop
+        result.error = error
+        result.tool_calls, result.malformed_calls = self.tool_calls, self.malformed_calls
+        samples = [
+            TrainSample(
+                tuple(s.token_ids),
+                tuple(s.loss_mask),
+                tuple(s.logprobs),
+                reward,
+                self.group,
+                self.success,
+                stop,
+            )
+            for s in self.conversation.used
+        ]
+        if not samples:  # nothing answered: an empty sample, never trained on, says why
+            if stop not in ENV_FAILURES:
+                error = error or f"{self._who()} ended ({stop}) before any answer"
+                stop = result.stop_reason = STOP_ENV_ERROR
+                result.error = error
+            samples = [TrainSample((), (), (), 0.0, self.group, False, stop)]
+        if result.turns:  # the agent's time after its last answer
+            result.env_s.append(result.finished_at - self._run.last_answer)
+        result.sample, result.extra_samples = samples[0], samples[1:]
+        result.context_tokens = max(len(s.token_ids) for s in samples)  # the longest segment
+        if result.error is not None and self.log is not None:
+            event = {"kind": result.stop_reason, "group": self.group, "seed": self.seed}
+            self.log({**event, "error": result.error})
+        return result
+
+    # -- the endpoint's side ----------------------------------------------------------
+    async def complete(self, request: ChatRequest) -> tuple[Reply, list[int]]:
+        """Answer one call: (the reply, the prompt's ids); ``ApiError`` if refused."""
+        run = self._run
+        if run is None or self._ended is None or self._ended.is_set():
+            raise ApiError(409, "this episode has ended", code="episode_ended")
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            return await self._complete(run, request)
+        finally:
+            self._inflight.discard(task)
+
+    async def _complete(self, run: _Run, request: ChatRequest) -> tuple[Reply, list[int]]:
+        calls = len(run.result.turns)
+        if run.max_turns is not None and calls >= run.max_turns:
+            self._end(STOP_MAX_TURNS)
+            raise ApiError(
+                400, f"the episode's turn budget of {run.max_turns} calls is used", code="max_turns"
+            )
+        tools = request.offered_tools
+        turn = self.conversation.open(request.messages, tools)
+        room = run.max_context_tokens - len(turn.prompt)
+        if room < 1:
+            self.conversation.cancel(turn)
+            self._end(STOP_CONTEXT_FULL)
+            raise ApiError(
+                400,
+                f"the prompt is {len(turn.prompt)} tokens; this model's context for a "
+                f"trajectory is {run.max_context_tokens} tokens, a reply included",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        budget = min(run.max_new_tokens, room, request.token_limit or run.max_new_tokens)
+        segment = turn.segment
+        request_id = f"{self._session(segment.index)}/t{segment.calls}"
+        cfg = run.config
+        env_s = run.clock.now() - run.last_answer
+        try:
+            out = await run.router.run_turn(
+                TurnRequest(
+                    request_id=request_id,
+                    session_id=self._session(segment.index),
+                    token_ids=turn.prompt,
+                    max_new_tokens=budget,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    top_k=cfg.top_k,
+                    seed=None
+                    if cfg.seed is None
+                    else zlib.crc32(f"{cfg.seed}/{request_id}".encode()),
+                    ignore_eos=False,
+                    stop_token_ids=cfg.stop_token_ids,
+                )
+            )
+        except BaseException:
+            self.conversation.cancel(turn)
+            raise
+        truncated = out.finish_reason == "length"
+        reply = make_reply(self.chat, out.token_ids, out.logprobs, truncated, request.stops, tools)
+        self.tool_calls += len(reply.message.tool_calls or ())
+        self.malformed_calls += reply.malformed_calls
+        self.conversation.close(turn, reply.token_ids, reply.logprobs, reply.message)
+        result = run.result
+        if result.turns:
+            result.env_s.append(env_s)
+        result.turns.append(out)
+        result.generated.append(len(out.token_ids))
+        result.appended_tokens.append(turn.appended)
+        result.kept_tokens.append(0)
+        run.last_answer = run.clock.now()
+        return reply, turn.prompt
+
+    def _end(self, stop: str) -> None:
+        """End the episode now (the agent is cancelled): ``stop`` says why."""
+        if self._stop is None:
+            self._stop = stop
+        assert self._ended is not None
+        self._ended.set()
+
+    def _who(self) -> str:
+        name = (
+            f"{getattr(self.agent, '__module__', '?')}.{getattr(self.agent, '__qualname__', '?')}"
+        )
+        return f"agent {name} on task seed {self.seed}"
+
+    def _session(self, segment: int) -> str:
+        assert self._run is not None
+        return f"{self._run.session_id}/s{segment}"
+
+
+def _reward(value: Any, success_reward: float) -> tuple[float | None, bool]:
+    if isinstance(value, Mapping):
+        reward = _number(value.get("reward"))
+        return reward, bool(value.get("success", reward is not None and reward >= success_reward))
+    reward = _number(value)
+    return reward, reward is not None and reward >= success_reward
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None

@@ -1,0 +1,1 @@
+"""Agents written against the OpenAI SDK, to train with ``env.name: agent``."""

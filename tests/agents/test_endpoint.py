@@ -1,0 +1,370 @@
+"""Unmodified agents on the official ``openai`` SDK, through the real endpoint (FastAPI on
+uvicorn), the control plane's router and simulated workers in wall-clock time: exact
+tokens, grouping into segments, errors, failures that end an episode, and security."""
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from tiny_model import tiny_chat_tokenizer
+
+from pearl.agents.endpoint import AgentEndpoint
+from pearl.agents.episode import AgentEpisode
+from pearl.agents.plugin import AgentOptions
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.episode import EpisodeBatch, run_episode_batch
+from pearl.control.interfaces import AsyncioClock
+from pearl.control.router import Router
+from pearl.errors import ConfigError
+from pearl.models.chat import ChatFormat
+from pearl.models.tokenizer import Tokenizer
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
+
+VOCAB = 258  # the tiny byte-level tokenizer's bytes and ChatML's two special tokens
+
+
+class FlatCost:
+    def iteration_time(self, prefills, decode_contexts):
+        return 0.002
+
+    def decode_time(self, batch_size, total_context):
+        return 0.002
+
+    def decode_times(self, batch_size, total_context, steps):
+        return [0.002] * steps
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    return ChatFormat(Tokenizer(tiny_chat_tokenizer(tmp_path_factory.mktemp("tok"))))
+
+
+def run_agents(
+    chat,
+    agent,
+    episodes=1,
+    max_turns=None,
+    max_context=4096,
+    timeout_s=30.0,
+    api_key=None,
+    during=None,
+    workers=1,
+):
+    """Run ``episodes`` of ``agent`` (seeds 0..) as one batch; ``during(router, workers)``
+    runs alongside (a topology change). Returns (results, endpoint, events)."""
+    events = []
+
+    async def main():
+        endpoint = AgentEndpoint("pearl-policy", api_key=api_key)
+        await endpoint.start()
+        cfg = SimEngineConfig(num_kv_blocks=1024)
+        pool = [SimulatedWorker(f"w{k}", FlatCost(), cfg, vocab_size=VOCAB) for k in range(workers)]
+        router = Router()
+        router.set_topology(colocated=pool[:1])
+        batch = EpisodeBatch(
+            [
+                (
+                    f"e{k}",
+                    AgentEpisode(agent, k, f"g{k}", chat, endpoint, timeout_s, log=events.append),
+                )
+                for k in range(episodes)
+            ],
+            max_new_tokens=12,
+            max_context_tokens=max_context,
+            max_turns=max_turns,
+        )
+        side = asyncio.ensure_future(during(router, pool)) if during else None
+        try:
+            config = AgentLoopConfig(vocab_size=VOCAB, stop_token_ids=(chat.end_id,))
+            result = await run_episode_batch(batch, router, AsyncioClock(), config)
+        finally:
+            if side is not None:
+                await side
+            await endpoint.stop()
+            for w in pool:
+                w.close()
+        return result.trajectories, endpoint
+
+    results, endpoint = asyncio.run(main())
+    return results, endpoint, events
+
+
+def client(c, **kw):
+    return openai.AsyncOpenAI(base_url=c.base_url, api_key=c.api_key, max_retries=0, **kw)
+
+
+USER = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+
+
+async def two_turns(seed, c):
+    """Sends back what it got, as SDK agents do, then asks again; keeps the ids it got."""
+    async with client(c) as llm:
+        seen = []
+        messages = list(USER)
+        for _ in range(2):
+            r = await llm.chat.completions.create(
+                model=c.model, messages=messages, extra_body={"return_token_ids": True}
+            )
+            extra = r.model_extra or {}
+            seen.append((extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]))
+            messages += [r.choices[0].message.model_dump(exclude_none=True)]
+            messages += [{"role": "user", "content": "more"}]
+        two_turns.seen[seed] = seen
+        return 0.75
+
+
+two_turns.seen = {}
+
+
+def test_an_sdk_agent_trains_on_the_ids_it_was_sampled_in_one_segment(chat):
+    results, endpoint, events = run_agents(chat, two_turns, episodes=2)
+    assert events == [] and endpoint.calls == 4
+    for k, t in enumerate(results):
+        assert t.stop_reason == "done" and t.reward == 0.75 and t.extra_samples == []
+        (p1, r1), (p2, r2) = two_turns.seen[k]
+        assert [out.token_ids for out in t.turns] == [r1, r2]
+        assert p2[: len(p1) + len(r1)] == p1 + r1  # the next prompt extends the sampled ids
+        sample = t.sample
+        assert list(sample.token_ids) == p2 + r2 and sample.group == f"g{k}"
+        trained = [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+        assert trained == r1 + r2
+        assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m] == [
+            *t.turns[0].logprobs,
+            *t.turns[1].logprobs,
+        ]
+
+
+async def retrying(seed, c):
+    """Samples the same first step twice: two segments, never merged."""
+    async with client(c) as llm:
+        await llm.chat.completions.create(model=c.model, messages=USER)
+        await llm.chat.completions.create(model=c.model, messages=USER)
+    return {"reward": 1.0, "success": True}
+
+
+async def parallel(seed, c):
+    async with client(c) as llm:
+        await asyncio.gather(
+            *(llm.chat.completions.create(model=c.model, messages=USER) for _ in range(3))
+        )
+    return 1.0
+
+
+@pytest.mark.parametrize("agent, segments", [(retrying, 2), (parallel, 3)])
+def test_calls_that_do_not_extend_a_conversation_are_samples_of_their_own(chat, agent, segments):
+    (t,), _, _ = run_agents(chat, agent)
+    samples = t.samples
+    assert len(samples) == segments and t.stop_reason == "done"
+    assert all(s.reward == 1.0 and s.success and s.group == "g0" for s in samples)
+    assert sum(sum(s.loss_mask) for s in samples) == sum(len(o.token_ids) for o in t.turns)
+
+
+async def misbehaving(seed, c):
+    """Every malformed call gets an OpenAI error object; the episode goes on."""
+    url = c.base_url
+    headers = {"Authorization": f"Bearer {c.api_key}"}
+    async with httpx.AsyncClient(headers=headers) as http:
+        post = lambda body, path="/chat/completions", **kw: http.post(  # noqa: E731
+            url + path, content=body, **kw
+        )
+        good = {"model": c.model, "messages": USER}
+        got = {
+            "json": await post(b"{not json"),
+            "model": await post(json.dumps({**good, "model": "gpt-9"}).encode()),
+            "n": await post(json.dumps({**good, "n": 2}).encode()),
+            "choice": await post(json.dumps({**good, "tool_choice": "required"}).encode()),
+            "image": await post(
+                json.dumps(
+                    {
+                        **good,
+                        "messages": [{"role": "user", "content": [{"type": "image_url"}]}],
+                    }
+                ).encode()
+            ),
+            "big": await post(b"x" * (5 << 20)),
+            "route": await post(b"{}", "/completions"),
+        }
+        misbehaving.got = {k: (r.status_code, r.json()["error"]) for k, r in got.items()}
+        models = await http.get(url + "/models")
+        misbehaving.models = models.json()
+        ok = await post(json.dumps(good).encode())
+        assert ok.status_code == 200, ok.text
+    return 1.0
+
+
+def test_bad_requests_get_openai_errors_and_the_episode_goes_on(chat):
+    (t,), endpoint, events = run_agents(chat, misbehaving)
+    got = misbehaving.got
+    assert got["json"][0] == 400 and "not valid JSON" in got["json"][1]["message"]
+    assert got["model"][0] == 404 and got["model"][1]["code"] == "model_not_found"
+    assert got["n"][0] == 400 and got["n"][1]["param"] == "n"
+    assert got["choice"][0] == 400 and "tool_choice" in got["choice"][1]["message"]
+    assert got["image"][0] == 400 and "only text parts" in got["image"][1]["message"]
+    assert got["big"][0] == 413 and got["route"][0] == 404
+    assert all(set(e) == {"message", "type", "param", "code"} for _, e in got.values())
+    assert misbehaving.models["data"][0]["id"] == "pearl-policy"
+    assert t.stop_reason == "done" and t.reward == 1.0 and len(t.turns) == 1 and events == []
+
+
+async def raises(seed, c):
+    async with client(c) as llm:
+        await llm.chat.completions.create(model=c.model, messages=USER)
+    raise KeyError("oops")
+
+
+async def hangs(seed, c):
+    await asyncio.sleep(3600)
+
+
+async def never_calls(seed, c):
+    return 1.0
+
+
+async def says_yes(seed, c):
+    async with client(c) as llm:
+        await llm.chat.completions.create(model=c.model, messages=USER)
+    return "yes"
+
+
+@pytest.mark.parametrize(
+    "agent, reason, message",
+    [
+        (raises, "env_error", "raised KeyError: 'oops'"),
+        (hangs, "env_timeout", "took more than 0.5 s"),
+        (never_calls, "env_error", "returned without calling the model"),
+        (says_yes, "env_error", "returned str; expected a finite number"),
+    ],
+)
+def test_an_agent_that_fails_ends_its_episode_not_the_run(chat, agent, reason, message):
+    (t,), _, events = run_agents(chat, agent, timeout_s=0.5)
+    assert t.stop_reason == reason and t.reward == 0.0 and message in t.error
+    assert all(s.stop_reason == reason and s.reward == 0.0 for s in t.samples)
+    assert events and events[0]["kind"] == reason and events[0]["seed"] == 0
+
+
+async def chatty(seed, c):
+    """Goes on until refused; what it saw is kept."""
+    async with client(c) as llm:
+        messages = list(USER)
+        while True:
+            try:
+                r = await llm.chat.completions.create(model=c.model, messages=messages)
+            except openai.BadRequestError as exc:
+                chatty.error = exc.body
+                raise
+            messages += [r.choices[0].message.model_dump(exclude_none=True)]
+            messages += [{"role": "user", "content": "x" * 40}]
+
+
+@pytest.mark.parametrize(
+    "limits, reason, code",
+    [
+        ({"max_turns": 3}, "max_turns", "max_turns"),
+        ({"max_context": 160}, "context_full", "context_length_exceeded"),
+    ],
+)
+def test_a_budget_ends_the_episode_with_what_it_did_so_far(chat, limits, reason, code):
+    (t,), _, _ = run_agents(chat, chatty, **limits)
+    assert chatty.error["code"] == code
+    assert t.stop_reason == reason and t.reward == 0.0 and t.turns
+    assert len(t.sample.token_ids) <= limits.get("max_context", 4096)
+    assert sum(t.sample.loss_mask) == sum(len(o.token_ids) for o in t.turns)
+
+
+async def leaks_its_url(seed, c):
+    leaks_its_url.config = c
+    async with client(c) as llm:
+        await llm.chat.completions.create(model=c.model, messages=USER)
+    return 1.0
+
+
+def test_an_ended_episodes_url_is_refused(chat):
+    results = []
+
+    async def after(router, pool):
+        while not hasattr(leaks_its_url, "config"):
+            await asyncio.sleep(0.01)
+        c = leaks_its_url.config
+        while True:  # once the episode has ended
+            async with httpx.AsyncClient() as http:
+                r = await http.post(
+                    c.base_url + "/chat/completions", json={"model": c.model, "messages": USER}
+                )
+            if r.status_code != 200:
+                results.append((r.status_code, r.json()["error"]["code"]))
+                return
+            await asyncio.sleep(0.05)
+
+    run_agents(chat, leaks_its_url, during=after)
+    assert results[0] in [(404, "episode_not_found"), (409, "episode_ended")]
+
+
+async def streams(seed, c):
+    async with client(c) as llm:
+        stream = await llm.chat.completions.create(model=c.model, messages=USER, stream=True)
+        chunks = [chunk async for chunk in stream]
+    streams.text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    streams.finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1]
+    return 1.0
+
+
+def test_a_streaming_agent_gets_the_turn_as_events(chat):
+    (t,), _, _ = run_agents(chat, streams)
+    assert streams.text == chat.text(t.turns[0].token_ids)
+    assert streams.finish in ("stop", "length")
+
+
+def test_a_turn_cut_by_a_topology_change_reaches_the_agent_as_one_answer(chat):
+    """A worker leaves mid-turn (preemption): the router resumes the turn elsewhere and the
+    agent sees one answer, with the ids it was sampled in."""
+
+    async def preempt(router, pool):
+        a, b = pool
+        while not a.scheduler.running:
+            await asyncio.sleep(0.001)
+        router.set_topology(colocated=[b])
+        await a.abort_all()
+
+    (t,), _, events = run_agents(chat, two_turns, during=preempt, workers=2)
+    assert events == [] and t.stop_reason == "done"
+    (p1, r1), (p2, r2) = two_turns.seen[0]
+    assert [o.token_ids for o in t.turns] == [r1, r2]
+
+
+def test_off_loopback_the_endpoint_needs_a_key_and_checks_it(chat):
+    with pytest.raises(ConfigError, match="needs api_key"):
+        AgentOptions.parse({"agent": "m:f", "host": "0.0.0.0"})
+    assert AgentOptions.parse({"agent": "m:f", "host": "0.0.0.0", "api_key": "k" * 12})
+
+    async def wrong_key(seed, c):
+        async with httpx.AsyncClient() as http:
+            body = {"model": c.model, "messages": USER}
+            r = await http.post(c.base_url + "/chat/completions", json=body)
+            wrong_key.status = r.status_code, r.json()["error"]["code"]
+        async with client(c) as llm:  # with the key it was given
+            await llm.chat.completions.create(model=c.model, messages=USER)
+        return 1.0
+
+    (t,), _, _ = run_agents(chat, wrong_key, api_key="s3cret-key")
+    assert wrong_key.status == (401, "invalid_api_key") and t.stop_reason == "done"
+
+
+def not_async(seed, c):
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"agent": "tests_agents_nowhere:f"}, "module 'tests_agents_nowhere' not found"),
+        ({"agent": f"{__name__}:not_async"}, "is not an async function"),
+        ({"agent": f"{__name__}:two_turns", "kwargs": {"x": 1}}, "cannot be called"),
+        ({"agent": f"{__name__}:two_turns", "timeout": 3}, "env.options.timeout"),
+        ({}, "env.options.agent: Field required"),
+    ],
+)
+def test_a_bad_agent_option_fails_before_the_run_with_what_is_valid(options, message):
+    with pytest.raises(ConfigError, match=message):
+        AgentOptions.parse(options).load()
