@@ -4,6 +4,7 @@ tokens, grouping into segments, errors, failures that end an episode, and securi
 
 import asyncio
 import json
+import sys
 
 import httpx
 import openai
@@ -368,3 +369,34 @@ def not_async(seed, c):
 def test_a_bad_agent_option_fails_before_the_run_with_what_is_valid(options, message):
     with pytest.raises(ConfigError, match=message):
         AgentOptions.parse(options).load()
+
+
+OTHER_PROCESS = """
+import json, sys, httpx, openai
+base_url, key, model = sys.argv[1:]
+llm = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+llm.chat.completions.create(model=model, messages=json.loads(sys.stdin.read()))
+httpx.post(base_url + "/reward", json={"reward": 0.5, "success": True},
+           headers={"Authorization": f"Bearer {key}"}).raise_for_status()
+"""
+
+
+async def in_another_process(seed, c):
+    """The agent runs in a process of its own and reports its reward to the endpoint."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        OTHER_PROCESS,
+        c.base_url,
+        c.api_key,
+        c.model,
+        stdin=asyncio.subprocess.PIPE,
+    )
+    await proc.communicate(json.dumps(USER).encode())
+    assert proc.returncode == 0
+
+
+def test_an_agent_in_another_process_posts_its_reward(chat):
+    (t,), _, events = run_agents(chat, in_another_process)
+    assert events == [] and t.stop_reason == "done" and len(t.turns) == 1
+    assert t.reward == 0.5 and t.sample.success

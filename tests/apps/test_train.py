@@ -361,7 +361,12 @@ def test_shipped_train_config_validates():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "env",
-    ["calculator", "guess", "reasoning_gym env.options.dataset=letter_counting"],
+    [
+        "calculator",
+        "guess",
+        "reasoning_gym env.options.dataset=letter_counting",
+        "agent env.options.agent=pearl.agents.examples.calculator:solve",
+    ],
 )
 def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
     """The README's main job, shortened: the real model, every environment the README

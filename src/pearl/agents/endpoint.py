@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import json
 import logging
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,24 @@ class AgentEndpoint:
         def error(exc: ApiError) -> JSONResponse:
             self.refused += 1
             return JSONResponse(exc.body(), status_code=exc.status)
+
+        @app.post("/episodes/{key}/v1/reward")
+        async def reward(key: str, request: Request):
+            try:
+                episode = self._episode(key, request)
+                body = await self._read(request)
+                try:
+                    posted = json.loads(body)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    posted = None
+                if not isinstance(posted, dict) or "reward" not in posted:
+                    raise ApiError(
+                        400, 'post {"reward": number, "success": bool} as JSON', param="reward"
+                    )
+                episode.posted = posted  # checked when the episode ends
+            except ApiError as exc:
+                return error(exc)
+            return {"ok": True}
 
         @app.get("/episodes/{key}/v1/models")
         async def models(key: str, request: Request):

@@ -3,7 +3,9 @@
 The agent is an ``async`` function ``agent(seed, client, **kwargs)`` that talks to the model
 through an OpenAI-compatible ``client`` (``ClientConfig``: base URL, key and model name)
 and returns its reward: a number (success: reward >= ``success_reward``) or a mapping
-``{"reward": r, "success": bool}``. Each call is a turn through the control plane's router
+``{"reward": r, "success": bool}``. An agent in a process of its own (started by the
+function) may instead post that mapping to ``<base_url>/reward``; the function then
+returns ``None`` once the process is done. Each call is a turn through the control plane's router
 (session affinity, PD, KV moves, preemption: an aborted turn resumes and the agent sees one
 answer); the calls form the trajectory's segments (``pearl.agents.conversation``).
 
@@ -106,6 +108,7 @@ class AgentEpisode:
         self._ended: asyncio.Event | None = None
         self._stop: str | None = None  # set when the endpoint ends the episode
         self._inflight: set[asyncio.Task] = set()
+        self.posted: dict | None = None  # a reward reported to ``<base_url>/reward``
 
     async def drive(
         self,
@@ -162,6 +165,8 @@ class AgentEpisode:
         if not self.conversation.used:
             return 0.0, STOP_ENV_ERROR, f"{who} returned without calling the model"
         value = task.result()
+        if value is None and self.posted is not None:  # reported by a process of its own
+            value = self.posted
         reward, success = _reward(value, self.success_reward)
         if reward is None:
             return (
