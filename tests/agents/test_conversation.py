@@ -188,3 +188,40 @@ def test_stop_strings_cut_the_reply_and_the_trajectory_after_the_stop(chat):
     assert tok.decode(out.token_ids) == "one END" and len(out.logprobs) == len(out.token_ids)
     cut = make_reply(chat, tok.encode("one two"), [-1.0] * 7, True, [], None)
     assert cut.finish_reason == "length" and cut.message.content == "one two"
+
+
+def test_the_tag_calculator_agent_sees_the_tokens_the_built_in_environment_gives(chat):
+    """Without tools (``tool_format: tag``): the agent's prompt, and the turn after a
+    ``<calc>`` reply it answers with the calculator's result, are token for token the
+    built-in environment's."""
+    env = CalculatorEnv(tool_format="tag")
+    chat = ChatFormat(chat.tokenizer, SMOL_TEMPLATE)
+    episode = TextEpisode(CalculatorEnv(tool_format="tag"), 5, chat, "g")
+    built_in = asyncio.run(episode.start())
+    messages = [
+        {"role": "system", "content": env.system_prompt},
+        *({"role": r, "content": t} for r, t in env.demonstration),
+        {"role": "user", "content": asyncio.run(env.reset(5))},
+    ]
+    request = ChatRequest.model_validate({"model": "m", "messages": messages})
+    conv = Conversation(chat)
+    turn = conv.open(request.messages, request.offered_tools)
+    assert turn.prompt == built_in
+    call = chat.tokenizer.encode("<calc>1+2</calc>") + [chat.end_id]
+    out = make_reply(chat, call, [0.0] * len(call), False, [], None)
+    conv.close(turn, out.token_ids, out.logprobs, out.message)
+    step = asyncio.run(env.step(out.message.content))
+    assert step.observation == "Result: 3" and not step.done
+    nxt = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                *messages,
+                out.message.model_dump(exclude_none=True),
+                {"role": "user", "content": step.observation},
+            ],
+        }
+    )
+    turn2 = conv.open(nxt.messages, nxt.offered_tools)
+    appended, _, _ = asyncio.run(episode.respond(call))
+    assert turn2.prompt == built_in + call + appended
