@@ -3,7 +3,9 @@ uvicorn), the control plane's router and simulated workers in wall-clock time: e
 tokens, grouping into segments, errors, failures that end an episode, and security."""
 
 import asyncio
+import dataclasses
 import json
+import re
 import sys
 
 import httpx
@@ -52,6 +54,8 @@ def run_agents(
     api_key=None,
     during=None,
     workers=1,
+    worker=SimulatedWorker,
+    max_new_tokens=12,
 ):
     """Run ``episodes`` of ``agent`` (seeds 0..) as one batch; ``during(router, workers)``
     runs alongside (a topology change). Returns (results, endpoint, events)."""
@@ -61,7 +65,7 @@ def run_agents(
         endpoint = AgentEndpoint("pearl-policy", api_key=api_key)
         await endpoint.start()
         cfg = SimEngineConfig(num_kv_blocks=1024)
-        pool = [SimulatedWorker(f"w{k}", FlatCost(), cfg, vocab_size=VOCAB) for k in range(workers)]
+        pool = [worker(f"w{k}", FlatCost(), cfg, vocab_size=VOCAB) for k in range(workers)]
         router = Router()
         router.set_topology(colocated=pool[:1])
         batch = EpisodeBatch(
@@ -72,7 +76,7 @@ def run_agents(
                 )
                 for k in range(episodes)
             ],
-            max_new_tokens=12,
+            max_new_tokens=max_new_tokens,
             max_context_tokens=max_context,
             max_turns=max_turns,
         )
@@ -400,3 +404,45 @@ def test_an_agent_in_another_process_posts_its_reward(chat):
     (t,), _, events = run_agents(chat, in_another_process)
     assert events == [] and t.stop_reason == "done" and len(t.turns) == 1
     assert t.reward == 0.5 and t.sample.success
+
+
+class CalculatorModel(SimulatedWorker):
+    """A simulated worker that answers as a model that knows the calculator task: it calls
+    ``calculate`` on the question, then answers the tool's result (its replies replace the
+    sampled stand-ins; the tiny tokenizer is byte-level, so any text is tokens)."""
+
+    chat: ChatFormat
+
+    async def generate(self, turn):
+        out = await super().generate(turn)
+        tok = self.chat.tokenizer
+        last = tok.decode(turn.token_ids).rsplit("<|im_start|>user\n", 1)[1]
+        if "<tool_response>" in last:
+            reply = f"<answer>{last.split('<tool_response>')[1].split('<')[0].strip()}</answer>"
+        else:
+            expression = re.search(r"What is (.*?)\?", last).group(1)
+            call = {"name": "calculate", "arguments": {"expression": expression}}
+            reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        ids = [*tok.encode(reply), self.chat.end_id]
+        return dataclasses.replace(out, token_ids=ids, logprobs=[-0.5] * len(ids))
+
+
+def test_an_agents_sdk_agent_runs_its_tool_loop_through_the_endpoint(chat):
+    """The second framework (OpenAI Agents SDK): its runner calls the model, runs the
+    function tool, and sends the conversation back in a form the endpoint recognizes as
+    the same conversation, so the episode is one trajectory on the sampled ids."""
+    from pearl.agents.examples.calculator_agents_sdk import solve
+
+    model = type("Model", (CalculatorModel,), {"chat": chat})
+    results, endpoint, events = run_agents(
+        chat, solve, episodes=2, worker=model, max_new_tokens=200
+    )
+    assert events == [] and endpoint.calls == 4
+    for t in results:
+        assert t.stop_reason == "done" and t.reward == 1.0 and t.extra_samples == []
+        assert len(t.turns) == 2
+        sample = t.sample
+        trained = [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+        assert trained == [*t.turns[0].token_ids, *t.turns[1].token_ids]
+        text = chat.tokenizer.decode(list(sample.token_ids))
+        assert '"name": "calculate"' in text and "<tool_response>" in text
