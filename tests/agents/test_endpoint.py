@@ -56,9 +56,11 @@ def run_agents(
     workers=1,
     worker=SimulatedWorker,
     max_new_tokens=12,
+    built_in=None,
 ):
     """Run ``episodes`` of ``agent`` (seeds 0..) as one batch; ``during(router, workers)``
-    runs alongside (a topology change). Returns (results, endpoint, events)."""
+    runs alongside (a topology change); ``built_in(seed)``, when given, makes each episode
+    a built-in environment's instead. Returns (results, endpoint, events)."""
     events = []
 
     async def main():
@@ -72,7 +74,11 @@ def run_agents(
             [
                 (
                     f"e{k}",
-                    AgentEpisode(agent, k, f"g{k}", chat, endpoint, timeout_s, log=events.append),
+                    built_in(k)
+                    if built_in
+                    else AgentEpisode(
+                        agent, k, f"g{k}", chat, endpoint, timeout_s, log=events.append
+                    ),
                 )
                 for k in range(episodes)
             ],
@@ -446,3 +452,29 @@ def test_an_agents_sdk_agent_runs_its_tool_loop_through_the_endpoint(chat):
         assert trained == [*t.turns[0].token_ids, *t.turns[1].token_ids]
         text = chat.tokenizer.decode(list(sample.token_ids))
         assert '"name": "calculate"' in text and "<tool_response>" in text
+
+
+def test_an_agent_samples_as_the_built_in_environment_on_the_same_seeds(chat):
+    """The calculator agent (``<calc>`` variant) and the built-in environment make the same
+    requests, hence draw the same sampling seeds: a comparison of the two on the same tasks
+    differs only by what the endpoint does, not by luck. (The simulated workers' tokens
+    follow the request, so equal requests give equal replies.)"""
+    from pearl.agents.examples.calculator import solve
+    from pearl.envs.calculator import CalculatorEnv
+    from pearl.live.episodes import TextEpisode
+
+    async def tag_agent(seed, c):
+        return await solve(seed, c, tool_format="tag")
+
+    agent, _, _ = run_agents(chat, tag_agent, episodes=2)
+    ours, _, _ = run_agents(
+        chat,
+        None,
+        episodes=2,
+        built_in=lambda k: TextEpisode(CalculatorEnv(tool_format="tag"), k, chat, f"g{k}"),
+    )
+    for a, b in zip(agent, ours, strict=True):
+        assert [o.request_id for o in a.turns] == [o.request_id for o in b.turns]
+        assert [o.token_ids for o in a.turns] == [o.token_ids for o in b.turns]
+        assert list(a.sample.token_ids) == list(b.sample.token_ids)
+        assert a.reward == b.reward

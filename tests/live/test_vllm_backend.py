@@ -395,13 +395,23 @@ def test_kv_folders_of_dead_vllm_servers_are_removed_and_live_ones_kept(tmp_path
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
-@pytest.mark.parametrize("policy", ["roll", "static-pd", "pearl"])
-def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
+@pytest.mark.parametrize(
+    "policy, env",
+    [
+        ("roll", "calculator"),
+        ("static-pd", "calculator"),
+        ("pearl", "calculator"),
+        ("static-pd", "agent"),
+    ],
+)
+def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, env):
     """``pearl train rollout.backend=vllm`` end to end on SmolLM2: steps with weights sent
     to vLLM while the next batch rolls out, each token's version, and vLLM's iterations in
     the run's records (the runtime tracker's input); ``static-pd`` moves KV between a
     prefill and a decode vLLM worker; ``pearl`` also borrows the trainer's slot between
-    updates when its gate says so (a third vLLM worker, asleep between its rounds)."""
+    updates when its gate says so (a third vLLM worker, asleep between its rounds). With
+    ``env=agent`` the turns are an unmodified ``openai``-SDK agent's calls to the endpoint,
+    prefilled and decoded on different vLLM workers."""
     import json
 
     from pearl.apps.train.config import load_train_config
@@ -421,6 +431,12 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
         f"run.run_dir={tmp_path}",
         "run.run_name=vllm",
     ]
+    if env == "agent":
+        overrides += [
+            "env.name=agent",
+            "env.options.agent=pearl.agents.examples.calculator:solve",
+            "env.options.kwargs.tool_format=tag",
+        ]
     try:
         out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
     finally:
@@ -432,7 +448,7 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy):
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
-    assert all(r["trajectories"] == 4 for r in rows)
+    assert all(r["trajectories"] == 4 and r["env_failures"] == 0 for r in rows)
     assert rows[0]["staleness"] == 0 and all(r["staleness"] <= 1 for r in rows)
     assert all(r["tokens_on_older_kv"] == 0 for r in rows)  # vLLM recomputes after updates
     shapes = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]

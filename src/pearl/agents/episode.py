@@ -304,8 +304,10 @@ class AgentEpisode:
         return f"agent {name} on task seed {self.seed}"
 
     def _session(self, segment: int) -> str:
+        """The engine session of a segment: the episode's own for the first, so its turns
+        are the requests (ids, hence sampling seeds) a built-in environment's would be."""
         assert self._run is not None
-        return f"{self._run.session_id}/s{segment}"
+        return self._run.session_id if segment == 0 else f"{self._run.session_id}/s{segment}"
 
 
 def _reward(value: Any, success_reward: float) -> tuple[float | None, bool]:
