@@ -67,6 +67,8 @@ def run_side(name: str, tool_format: str, overrides: list[str], chaos: float | N
         "steps_with_every_trajectory": sum(r["trajectories"] == expected for r in rows),
         "steps": len(rows),
         "tool_calls": sum(r["tool_calls"] for r in rows),
+        # the errors agents were answered with (none expected, chaos or not)
+        "endpoint": out.get("agent_endpoint"),
     }
 
 
@@ -99,6 +101,9 @@ def main() -> None:
             f"{r['env_failures']}; steps with every trajectory {r['steps_with_every_trajectory']}"
             f"/{r['steps']}; wall {r['wall_s'] / 60:.1f} min"
         )
+        if r["endpoint"] is not None:
+            e = r["endpoint"]
+            print(f"{'':9s} endpoint: {e['calls']} calls answered, {e['errors']} errors")
     ratio = None
     if len(results) == 2:
         ratio = results["agent"]["trajectories_per_s"] / results["built-in"]["trajectories_per_s"]

@@ -719,3 +719,5 @@ def test_an_unmodified_sdk_agent_trains_through_the_endpoint(chat_model, tmp_pat
     for row in rows:  # a random tiny model never answers: the agent gives up after 2 turns
         assert row["stop_reasons"] == {"done": 4} and row["env_failures"] == 0
         assert row["turns"] == 8 and row["train_tokens"] == row["rollout_tokens"] > 0
+    # every call answered, none with an error: 2 steps x 8, and 2 held-out runs x 2 x 2
+    assert out["agent_endpoint"] == {"calls": 24, "errors": 0}

@@ -427,6 +427,9 @@ class _LiveRun:
             "counters": self.driver.counters(),
             "nodes": self.nodes,
         }
+        endpoint = self.run.endpoint
+        if endpoint is not None:  # env.name: agent: calls answered, and refused with an error
+            summary["agent_endpoint"] = {"calls": endpoint.calls, "errors": endpoint.refused}
         self.folder.summary(summary)
         write_train_report(self.folder.path, self.rows, before, after, summary)
         if checkpoint:
