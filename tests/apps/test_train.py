@@ -366,6 +366,9 @@ def test_shipped_train_config_validates():
         "guess",
         "reasoning_gym env.options.dataset=letter_counting",
         "agent env.options.agent=pearl.agents.examples.calculator:solve",
+        "agent env.options.agent=pearl.agents.examples.calculator:solve "
+        "env.options.kwargs.tool_format=tag",
+        "agent env.options.agent=pearl.agents.examples.calculator_agents_sdk:solve",
     ],
 )
 def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
