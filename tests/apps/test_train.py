@@ -286,6 +286,37 @@ def test_borrowing_lends_the_slot_of_a_trainer_of_two_processes(chat_model, tmp_
     assert sum(a.startswith("trainer") for n in nodes.values() for a in n["actors"]) == 2
 
 
+def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
+    from pearl.apps.train.config import load_train_config
+
+    with pytest.raises(ConfigError, match="rloo is not scaled.*scale_rewards: none"):
+        load_train_config(None, ["trainer.advantage_estimator=rloo"])
+    with pytest.raises(ConfigError, match="loss_norm_tokens is used only by.*seq-mean-token-sum"):
+        load_train_config(None, ["trainer.loss_norm_tokens=64"])
+    with pytest.raises(ConfigError, match="loss_agg_mode"):
+        load_train_config(None, ["trainer.loss_agg_mode=dr_grpo"])
+    ok = ["trainer.advantage_estimator=rloo", "trainer.scale_rewards=none"]
+    assert load_train_config(None, ok).trainer.advantage_estimator == "rloo"
+    # Dr. GRPO's constant: a trajectory's generation budget unless set
+    dr = ["trainer.loss_agg_mode=seq-mean-token-sum-norm", "trainer.scale_rewards=none"]
+    assert load_train_config(None, dr).loss_norm_tokens == 768  # rollout.max_context_tokens
+    turns = [*dr, "rollout.max_turns=3", "rollout.max_new_tokens=40"]
+    assert load_train_config(None, turns).loss_norm_tokens == 120
+    assert load_train_config(None, [*dr, "trainer.loss_norm_tokens=64"]).loss_norm_tokens == 64
+    assert load_train_config(None, []).loss_norm_tokens is None
+    # ... and each reaches the trainer processes
+    from pearl.apps.train.run import trainer_config
+
+    variant = [*dr, "trainer.clip_eps_high=0.28"]
+    t = trainer_config(load_train_config(None, variant))
+    assert (t.loss_agg_mode, t.scale_rewards, t.loss_norm_tokens) == (
+        "seq-mean-token-sum-norm",
+        "none",
+        768,
+    )
+    assert (t.clip_eps, t.clip_eps_high, t.advantage_estimator) == (0.2, 0.28, "grpo")
+
+
 def test_a_static_pd_split_on_a_pool_that_can_never_split_is_refused():
     from pearl.apps.train.config import load_train_config
 

@@ -39,7 +39,7 @@ def test_clipped_loss_equals_the_hand_computation():
     old = torch.tensor([[math.log(0.4), math.log(0.5), 0.0], [0.0, math.log(0.6), 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
-    loss, stats = clipped_token_loss(new, old, adv, mask, clip_eps=0.2, total_tokens=3)
+    loss, stats = clipped_token_loss(new, old, adv, mask, (0.2, 0.2), divisor=3)
     # ratios: 1.25 (A=+1: clipped to 1.2), 1.8 (A=+1: clipped to 1.2), 0.5 (A=-1: min(-0.5,
     # -0.8) = -0.8, the clipped term binds). Loss = -(1.2 + 1.2 - 0.8) / 3.
     assert float(loss) == pytest.approx(-(1.2 + 1.2 - 0.8) / 3, abs=1e-6)
@@ -50,7 +50,7 @@ def test_masked_tokens_get_no_gradient():
     new = torch.randn(2, 5, requires_grad=True)
     old = new.detach() + 0.01 * torch.randn(2, 5)  # ratios near 1: nothing clipped
     mask = torch.tensor([[0, 1, 1, 0, 0], [1, 0, 0, 0, 1]], dtype=torch.float32)
-    loss, _ = clipped_token_loss(new, old, torch.tensor([0.7, -1.3]), mask, 0.2, 4)
+    loss, _ = clipped_token_loss(new, old, torch.tensor([0.7, -1.3]), mask, (0.2, 0.2), divisor=4)
     loss.backward()
     assert torch.all(new.grad[mask == 0] == 0)
     assert torch.all(new.grad[mask == 1] != 0)
@@ -168,7 +168,7 @@ def test_a_step_lowers_the_loss_on_its_batch_and_refuses_while_lent():
         )
         total = int(mask[:, 1:].sum())
         old = rows([s.logprobs for s in samples])
-        return float(clipped_token_loss(rows(scored), old, adv, mask, 0.2, total)[0])
+        return float(clipped_token_loss(rows(scored), old, adv, mask, (0.2, 0.2), divisor=total)[0])
 
     before = loss()
     stats = trainer.train_step(batch)

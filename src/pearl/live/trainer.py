@@ -31,7 +31,14 @@ from pearl.engine.sampler import truncated_log_softmax
 from pearl.errors import CheckpointError
 from pearl.live import packing
 from pearl.live.cluster import Placement, actor_location
-from pearl.live.grpo import clipped_token_loss, group_advantages
+from pearl.live.grpo import (
+    ADVANTAGE_ESTIMATORS,
+    LOSS_AGG_MODES,
+    REWARD_SCALES,
+    advantages,
+    clipped_token_loss,
+    sequence_weights,
+)
 from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
 from pearl.models.devices import DTYPES, torch_device, torch_dtype
@@ -43,6 +50,13 @@ class TrainerConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0
     clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    """The upper clip (DAPO's clip-higher); None: ``clip_eps`` (``pearl.live.grpo``)."""
+    advantage_estimator: str = "grpo"  # grpo or rloo
+    scale_rewards: str = "group"  # group, batch or none
+    loss_agg_mode: str = "token-mean"  # pearl.live.grpo.LOSS_AGG_MODES
+    loss_norm_tokens: int | None = None
+    """``seq-mean-token-sum-norm``'s constant (Dr. GRPO's generation budget)."""
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 2048
     temperature: float = 1.0
@@ -60,6 +74,14 @@ class TrainerConfig:
         checks = {
             "learning_rate": self.learning_rate > 0 and math.isfinite(self.learning_rate),
             "clip_eps": 0 < self.clip_eps < 1,
+            "clip_eps_high": self.clip_eps_high is None or 0 < self.clip_eps_high < 10,
+            "advantage_estimator": self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+            "scale_rewards": self.scale_rewards in REWARD_SCALES
+            and (self.advantage_estimator != "rloo" or self.scale_rewards == "none"),
+            "loss_agg_mode": self.loss_agg_mode in LOSS_AGG_MODES,
+            "loss_norm_tokens": (self.loss_norm_tokens or 0) >= 1
+            if self.loss_agg_mode == "seq-mean-token-sum-norm"
+            else self.loss_norm_tokens is None or self.loss_norm_tokens >= 1,
             "max_grad_norm": self.max_grad_norm > 0,
             "micro_batch_tokens": self.micro_batch_tokens >= 16,
             "temperature": self.temperature > 0,
@@ -270,12 +292,60 @@ class GRPOTrainer:
         # nor moves its group's baseline.
         samples = [s for s in every if s.stop_reason not in ENV_FAILURES]
         t0 = time.perf_counter()
-        advantages = group_advantages([s.reward for s in samples], [s.group for s in samples])
-        total = sum(sum(s.loss_mask[1:]) for s in samples)
+        measured = self.backward(samples)
+        grad_norm = 0.0
+        if measured["scored_trajectories"]:
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.config.max_grad_norm
+            )
+            grad_norm = float(self._full(norm))
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
+            self.optimizer.step()
+        self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
+        rewards = [s.reward for s in every]
+        tokens = measured["tokens"]
+        return {
+            "loss": measured["loss"],
+            "grad_norm": grad_norm,
+            "clip_fraction": measured["clipped"] / max(1.0, tokens),
+            "mean_ratio": measured["ratio_sum"] / tokens if tokens else math.nan,  # none scored
+            "trained_tokens": tokens,
+            "batch_tokens": measured["batch_tokens"],
+            "skipped_trajectories": float(len(samples) - measured["scored_trajectories"]),
+            "env_failures": float(len(every) - len(samples)),
+            "reward_mean": float(np.mean(rewards)),
+            "reward_std": float(np.std(rewards)),
+            "success_rate": float(np.mean([s.success for s in every])),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def backward(self, samples: list[TrainSample]) -> dict[str, float]:
+        """The GRPO loss of ``samples`` (``pearl.live.grpo``, the configured variant) and its
+        gradient in the parameters' ``.grad`` (zeroed first); no optimizer step. Returns the
+        loss and what it counted, over every process's share."""
+        cfg = self.config
+        advantage = advantages(
+            [s.reward for s in samples],
+            [s.group for s in samples],
+            cfg.advantage_estimator,
+            cfg.scale_rewards,
+        )
+        counts = [sum(s.loss_mask[1:]) for s in samples]
+        total = sum(counts)
+        # token-mean divides the weighted sum by the batch's token count (no weights);
+        # the other modes weight each trajectory's tokens (pearl.live.grpo).
+        weights = None
+        if cfg.loss_agg_mode != "token-mean":
+            seq = sequence_weights(counts, cfg.loss_agg_mode, cfg.loss_norm_tokens)
+            weights = torch.tensor(seq, dtype=torch.float32)
+        divisor = float(max(1, total)) if weights is None else 1.0
+        clip = (cfg.clip_eps, cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high)
         # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
         # gradient: it is not scored at all (the result is exactly the full batch's).
-        useful = [i for i, a in enumerate(advantages) if a != 0.0]
-        per_sample = torch.tensor(advantages, dtype=torch.float32)
+        useful = [i for i, a in enumerate(advantage) if a != 0.0]
+        per_sample = torch.tensor(advantage, dtype=torch.float32)
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(4, dtype=torch.float64)  # loss, tokens, clipped, ratio sum
         for part, weight in self._my_share(samples, useful):
@@ -286,12 +356,13 @@ class GRPOTrainer:
                 part.behaviour.to(self.device).unsqueeze(1),
                 per_sample[part.sample].to(self.device),
                 ones,
-                self.config.clip_eps,
-                total,
+                clip,
+                None if weights is None else weights[part.sample].to(self.device),
+                divisor,
             )
-            # Each process's loss is its share of the batch's token sum over the whole
-            # batch's token count; FSDP averages the processes' gradients (gloo has no
-            # pre-scaled sum), so scaling by their number makes the average the sum.
+            # Each process's loss is its share of the batch's weighted token sum; FSDP
+            # averages the processes' gradients (gloo has no pre-scaled sum), so scaling by
+            # their number makes the average the sum.
             scale = weight * self.world
             (loss * scale if scale != 1.0 else loss).backward()
             if weight:
@@ -306,31 +377,13 @@ class GRPOTrainer:
             dist.all_reduce(on_device)  # the whole batch's numbers, on every process
             sums = on_device.cpu()
         loss_sum, tokens, clipped, ratio_sum = sums.tolist()
-        grad_norm = 0.0
-        if useful:
-            norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.config.max_grad_norm
-            )
-            grad_norm = float(self._full(norm))
-            if not math.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
-            self.optimizer.step()
-        self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
-        rewards = [s.reward for s in every]
         return {
             "loss": loss_sum,
-            "grad_norm": grad_norm,
-            "clip_fraction": clipped / max(1.0, tokens),
-            "mean_ratio": ratio_sum / tokens if tokens else math.nan,  # nothing scored: none
-            "trained_tokens": tokens,
+            "tokens": tokens,
+            "clipped": clipped,
+            "ratio_sum": ratio_sum,
             "batch_tokens": float(total),
-            "skipped_trajectories": float(len(samples) - len(useful)),
-            "env_failures": float(len(every) - len(samples)),
-            "reward_mean": float(np.mean(rewards)),
-            "reward_std": float(np.std(rewards)),
-            "success_rate": float(np.mean([s.success for s in every])),
-            "seconds": time.perf_counter() - t0,
+            "scored_trajectories": float(len(useful)),
         }
 
     # -- weights, devices, checkpoints ----------------------------------------------------

@@ -77,8 +77,35 @@ class TrainRolloutSection(_Section):
 
 
 class TrainTrainerSection(_Section):
+    """The GRPO step; the variants' names and sources are in ``pearl.live.grpo``."""
+
     learning_rate: float = Field(1e-5, gt=0, le=1e-2)
-    clip_eps: float = Field(0.2, gt=0, lt=1)
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="the ratio's clip (its lower side)")
+    clip_eps_high: float | None = Field(
+        None, gt=0, lt=10, description="the upper clip, DAPO's clip-higher (null: clip_eps)"
+    )
+    advantage_estimator: Literal["grpo", "rloo"] = Field(
+        "grpo", description="grpo: reward minus the group mean; rloo: minus the others' mean"
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="divide grpo's advantages by the group's std, the batch's, or not "
+        "(none: Dr. GRPO)",
+    )
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = Field(
+        "token-mean",
+        description="how token losses make the batch's loss (verl's names; TRL: bnpo, grpo, "
+        "luspo, dr_grpo)",
+    )
+    loss_norm_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="seq-mean-token-sum-norm's constant (null: rollout.max_new_tokens x "
+        "rollout.max_turns, or rollout.max_context_tokens without max_turns)",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(
         1024, ge=16, le=1_000_000, description="padded tokens per backward pass (memory)"
@@ -104,6 +131,20 @@ class TrainTrainerSection(_Section):
         description="trainer processes sharing each step (FSDP2 over gloo, each on its share "
         "of the groups; the weights equal one process's)",
     )
+
+    @model_validator(mode="after")
+    def _variants_that_go_together(self) -> TrainTrainerSection:
+        if self.advantage_estimator == "rloo" and self.scale_rewards != "none":
+            raise ValueError(
+                "advantage_estimator rloo is not scaled by a std: set scale_rewards: none "
+                "(or use advantage_estimator grpo)"
+            )
+        if self.loss_norm_tokens is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
+            raise ValueError(
+                f"loss_norm_tokens is used only by loss_agg_mode seq-mean-token-sum-norm, "
+                f"not {self.loss_agg_mode}: drop it or choose that mode"
+            )
+        return self
 
 
 class TrainRunSection(_Section):
@@ -231,6 +272,17 @@ class TrainConfig(_Section):
     trainer: TrainTrainerSection = Field(default_factory=TrainTrainerSection)
     run: TrainRunSection = Field(default_factory=TrainRunSection)
     logger: TrainLoggerSection = Field(default_factory=TrainLoggerSection)
+
+    @property
+    def loss_norm_tokens(self) -> int | None:
+        """``seq-mean-token-sum-norm``'s constant: set, or a trajectory's generation budget
+        (Dr. GRPO divides by the maximum completion length); None for the other modes."""
+        t, r = self.trainer, self.rollout
+        if t.loss_agg_mode != "seq-mean-token-sum-norm":
+            return None
+        if t.loss_norm_tokens is not None:
+            return t.loss_norm_tokens
+        return r.max_new_tokens * r.max_turns if r.max_turns else r.max_context_tokens
 
     @model_validator(mode="after")
     def _backend_can_run_the_policy(self) -> TrainConfig:

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pearl.apps.train.config import TrainConfig
 from pearl.apps.train.metrics import roles_in_use, rollout_shapes, step_row, wilson_interval
@@ -29,6 +29,9 @@ from pearl.config import dump_config
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
 from pearl.report.progress import Progress
 from pearl.report.tensorboard import ScalarLog
+
+if TYPE_CHECKING:
+    from pearl.live.trainer import TrainerConfig
 
 
 class TrainRun:
@@ -168,7 +171,7 @@ class _LiveRun:
         from pearl.engine.config import EngineConfig
         from pearl.live.cluster import Placement, ensure_ray
         from pearl.live.server import ModelSpec
-        from pearl.live.trainer import LiveTrainer, TrainerConfig
+        from pearl.live.trainer import LiveTrainer
         from pearl.live.world import LiveWorld, cpu_prior
         from pearl.report.run_folder import RunFolder, default_run_name
 
@@ -220,17 +223,7 @@ class _LiveRun:
         t = cfg.trainer
         self.trainer = LiveTrainer(
             spec,
-            TrainerConfig(
-                learning_rate=t.learning_rate,
-                clip_eps=t.clip_eps,
-                max_grad_norm=t.max_grad_norm,
-                micro_batch_tokens=t.micro_batch_tokens,
-                temperature=cfg.rollout.temperature,
-                top_k=cfg.rollout.top_k,
-                top_p=cfg.rollout.top_p,
-                device=t.device,
-                dtype=t.dtype,
-            ),
+            trainer_config(cfg),
             t.threads,
             placement,
             trainers,
@@ -543,6 +536,30 @@ class _StopOnSignals:
         for sig in self._signals:
             self._loop.remove_signal_handler(sig)
         self._signals.clear()
+
+
+def trainer_config(cfg: TrainConfig) -> TrainerConfig:
+    """What the trainer processes are given: the trainer section, and the rollout's
+    sampling (the behaviour log-probabilities' distribution)."""
+    from pearl.live.trainer import TrainerConfig  # noqa: F811 (torch only where it runs)
+
+    t = cfg.trainer
+    return TrainerConfig(
+        learning_rate=t.learning_rate,
+        clip_eps=t.clip_eps,
+        clip_eps_high=t.clip_eps_high,
+        advantage_estimator=t.advantage_estimator,
+        scale_rewards=t.scale_rewards,
+        loss_agg_mode=t.loss_agg_mode,
+        loss_norm_tokens=cfg.loss_norm_tokens,
+        max_grad_norm=t.max_grad_norm,
+        micro_batch_tokens=t.micro_batch_tokens,
+        temperature=cfg.rollout.temperature,
+        top_k=cfg.rollout.top_k,
+        top_p=cfg.rollout.top_p,
+        device=t.device,
+        dtype=t.dtype,
+    )
 
 
 def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:

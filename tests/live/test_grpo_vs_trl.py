@@ -1,0 +1,164 @@
+"""The trainer's loss variants against TRL's own arithmetic: on one fixed batch, our
+``GRPOTrainer.backward`` and TRL's ``GRPOTrainer._compute_loss`` (trl 1.16.0, the real
+package, the same tiny model's weights) give the same loss and the same gradient."""
+
+import pytest
+import torch
+from tiny_model import tiny_chat_model
+
+from pearl.control.interfaces import TrainSample
+from pearl.live.grpo import advantages
+from pearl.live.server import ModelSpec
+from pearl.live.trainer import GRPOTrainer, TrainerConfig
+
+trl = pytest.importorskip("trl", reason="TRL is in the dev extra")
+
+PROMPT = 5
+LENGTHS = (8, 6, 8, 3)  # completion tokens of the four trajectories (two groups of two)
+REWARDS, GROUPS = (1.0, 0.0, 0.25, 1.0), ("a", "a", "b", "b")
+MAX_COMPLETION = 8
+
+# (our loss_agg_mode, TRL's loss_type)
+MODES = [
+    ("token-mean", "bnpo"),
+    ("seq-mean-token-mean", "grpo"),
+    ("seq-mean-token-sum", "luspo"),
+    ("seq-mean-token-sum-norm", "dr_grpo"),
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tiny_chat_model(tmp_path_factory.mktemp("tiny"))
+
+
+def batch(folder):
+    """Four trajectories, their behaviour log-probabilities the model's own moved by up to
+    +-0.4 (so some ratios leave the clip range on both sides)."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 256, (len(LENGTHS), PROMPT), generator=g)
+    completions = [torch.randint(0, 256, (n,), generator=g) for n in LENGTHS]
+    ours = GRPOTrainer(ModelSpec(folder=str(folder)), TrainerConfig())
+    plain = [
+        TrainSample(
+            tuple(prompt[i].tolist() + c.tolist()),
+            (0,) * PROMPT + (1,) * len(c),
+            (0.0,) * (PROMPT + len(c)),
+            REWARDS[i],
+            GROUPS[i],
+        )
+        for i, c in enumerate(completions)
+    ]
+    own = ours.score(plain)
+    samples = []
+    for s, lps in zip(plain, own, strict=True):
+        moved = [
+            lp + float(torch.empty(1).uniform_(-0.4, 0.4, generator=g)) if m else 0.0
+            for lp, m in zip(lps, s.loss_mask, strict=True)
+        ]
+        samples.append(TrainSample(s.token_ids, s.loss_mask, tuple(moved), s.reward, s.group))
+    return prompt, completions, samples
+
+
+def trl_trainer(folder, loss_type, clip, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from trl import GRPOConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    end = "<|im_end|>"
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"), pad_token=end, eos_token=end
+    )
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=len(LENGTHS),
+        num_generations=2,
+        max_completion_length=MAX_COMPLETION,
+        loss_type=loss_type,
+        epsilon=clip[0],
+        epsilon_high=clip[1],
+        beta=0.0,
+        temperature=1.0,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = TRLTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "x"}] * len(LENGTHS)),
+        processing_class=tok,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def trl_inputs(prompt, completions, samples, adv):
+    """TRL's batch: prompts, right-padded completions and their mask, the advantages and
+    the behaviour log-probabilities (``old_per_token_logps``)."""
+    n = len(samples)
+    ids = torch.zeros(n, MAX_COMPLETION, dtype=torch.long)
+    mask = torch.zeros(n, MAX_COMPLETION, dtype=torch.long)
+    old = torch.zeros(n, MAX_COMPLETION)
+    for i, (c, s) in enumerate(zip(completions, samples, strict=True)):
+        ids[i, : len(c)] = c
+        mask[i, : len(c)] = 1
+        old[i, : len(c)] = torch.tensor(s.logprobs[PROMPT:])
+    return {
+        "prompt_ids": prompt,
+        "prompt_mask": torch.ones_like(prompt),
+        "completion_ids": ids,
+        "completion_mask": mask,
+        "advantages": torch.tensor(adv, dtype=torch.float32),
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum().float(),
+    }
+
+
+@pytest.mark.parametrize("clip", [(0.2, 0.2), (0.2, 0.28)], ids=["symmetric", "clip-higher"])
+@pytest.mark.parametrize("mode, loss_type", MODES, ids=[m for m, _ in MODES])
+def test_each_loss_variant_equals_trls_loss_and_gradient(folder, tmp_path, mode, loss_type, clip):
+    prompt, completions, samples = batch(folder)
+    config = TrainerConfig(
+        clip_eps=clip[0],
+        clip_eps_high=clip[1],
+        loss_agg_mode=mode,
+        loss_norm_tokens=MAX_COMPLETION if mode == "seq-mean-token-sum-norm" else None,
+    )
+    ours = GRPOTrainer(ModelSpec(folder=str(folder)), config)
+    got = ours.backward(samples)
+    assert got["clipped"] > 0  # the batch exercises the clip
+    adv = advantages(REWARDS, GROUPS)
+    # The first completion token is predicted from the prompt's last: TRL scores it, and
+    # so do we (loss_mask[1:] starts inside the prompt), so both see every completion token.
+    theirs = trl_trainer(folder, loss_type, clip, tmp_path)
+    loss = theirs._compute_loss(theirs.model, trl_inputs(prompt, completions, samples, adv))
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
+    ours_grads = dict(ours.model.named_parameters())
+    for name, p in theirs.model.named_parameters():
+        mine = ours_grads[name].grad
+        assert torch.allclose(mine, p.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_advantage_variants_by_hand():
+    rewards, groups = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], ["a", "a", "a", "b", "b", "b"]
+    mean, std = 1 / 3, (2 / 9) ** 0.5  # group a; group b ties
+    grpo = advantages(rewards, groups)
+    assert grpo[:3] == pytest.approx([(r - mean) / (std + 1e-6) for r in rewards[:3]])
+    assert grpo[3:] == [0.0] * 3
+    assert advantages(rewards, groups, scale="none")[:3] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    batch_std = (sum((r - 2 / 3) ** 2 for r in rewards) / 6) ** 0.5
+    assert advantages(rewards, groups, scale="batch")[0] == pytest.approx(
+        (2 / 3) / (batch_std + 1e-6)
+    )
+    # RLOO: the reward minus the mean of the others in its group
+    assert advantages(rewards, groups, "rloo", "none") == pytest.approx(
+        [1.0, -0.5, -0.5, 0.0, 0.0, 0.0]
+    )
+    with pytest.raises(ValueError, match="rloo"):
+        advantages(rewards, groups, "rloo", "group")
