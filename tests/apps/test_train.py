@@ -307,7 +307,7 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
     # ... and each reaches the trainer processes
     from pearl.apps.train.run import trainer_config
 
-    variant = [*dr, "trainer.clip_eps_high=0.28"]
+    variant = [*dr, "trainer.clip_eps_high=0.28", "trainer.kl_coef=0.04"]
     t = trainer_config(load_train_config(None, variant))
     assert (t.loss_agg_mode, t.scale_rewards, t.loss_norm_tokens) == (
         "seq-mean-token-sum-norm",
@@ -315,6 +315,7 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
         768,
     )
     assert (t.clip_eps, t.clip_eps_high, t.advantage_estimator) == (0.2, 0.28, "grpo")
+    assert (t.kl_coef, t.kl_estimator, t.kl_ratio_correction) == (0.04, "k3", False)
 
 
 def test_a_static_pd_split_on_a_pool_that_can_never_split_is_refused():

@@ -162,3 +162,76 @@ def test_advantage_variants_by_hand():
     )
     with pytest.raises(ValueError, match="rloo"):
         advantages(rewards, groups, "rloo", "group")
+
+
+def test_the_entropy_the_step_reports_is_trls(folder, tmp_path):
+    """``metrics.jsonl``'s ``entropy``: the policy's mean entropy at the tokens trained on,
+    as TRL computes it (``entropy_from_logits`` of the same logits)."""
+    prompt, completions, samples = batch(folder)
+    ours = GRPOTrainer(ModelSpec(folder=str(folder)), TrainerConfig())
+    got = ours.backward(samples)
+    theirs = trl_trainer(folder, "bnpo", (0.2, 0.2), tmp_path)
+    inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
+    with torch.no_grad():
+        _, entropies, _ = theirs._get_per_token_logps_and_entropies(
+            theirs.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            MAX_COMPLETION,
+            compute_entropy=True,
+        )
+    mask = inputs["completion_mask"].float()
+    assert got["tokens"] == float(mask.sum())
+    expected = float((entropies * mask).sum() / mask.sum())
+    assert got["entropy_sum"] / got["tokens"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("corrected", [False, True], ids=["plain", "ratio-corrected"])
+@pytest.mark.parametrize("mode, loss_type", MODES[:2], ids=[m for m, _ in MODES[:2]])
+def test_the_kl_penalty_equals_trls_beta(folder, tmp_path, mode, loss_type, corrected):
+    """``trainer.kl_coef`` with the k3 estimator is TRL's ``beta`` (and
+    ``kl_ratio_correction`` its ``use_bias_correction_kl``): weights moved from the starting
+    ones (the reference), the same loss and gradient as TRL given the reference's
+    log-probabilities."""
+    prompt, completions, samples = batch(folder)
+    config = TrainerConfig(
+        loss_agg_mode=mode, kl_coef=0.5, kl_estimator="k3", kl_ratio_correction=corrected
+    )
+    ours = GRPOTrainer(ModelSpec(folder=str(folder)), config)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # move the policy away from its reference
+        for p in ours.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    got = ours.backward(samples)
+    assert got["kl_sum"] > 0
+    theirs = trl_trainer(folder, loss_type, (0.2, 0.2), tmp_path)
+    inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
+    with torch.no_grad():  # the reference: the starting weights, still in TRL's model
+        ref, _, _ = theirs._get_per_token_logps_and_entropies(
+            theirs.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            MAX_COMPLETION,
+        )
+        state = {n: p.detach().clone() for n, p in ours.model.named_parameters()}
+        theirs.model.load_state_dict(state, strict=False)
+    theirs.beta = 0.5
+    theirs.args.use_bias_correction_kl = corrected
+    loss = theirs._compute_loss(theirs.model, {**inputs, "ref_per_token_logps": ref})
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
+    mine = dict(ours.model.named_parameters())
+    for name, p in theirs.model.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_kl_estimators_by_hand():
+    from pearl.live.grpo import kl_per_token
+
+    lp, ref = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-1.5, -1.0, -0.5])
+    assert torch.allclose(kl_per_token(lp, ref, "k1"), lp - ref)
+    d = ref - lp
+    k3 = kl_per_token(lp, ref, "k3")
+    assert torch.allclose(k3, d.exp() - d - 1) and (k3 >= 0).all() and k3[2] == 0
+    with pytest.raises(ValueError, match="k1"):
+        kl_per_token(lp, ref, "k2")

@@ -15,6 +15,7 @@ Checkpoints hold no pickle: weights and optimizer moments in safetensors, counte
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import math
 import time
@@ -33,10 +34,12 @@ from pearl.live import packing
 from pearl.live.cluster import Placement, actor_location
 from pearl.live.grpo import (
     ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
     LOSS_AGG_MODES,
     REWARD_SCALES,
     advantages,
     clipped_token_loss,
+    kl_per_token,
     sequence_weights,
 )
 from pearl.live.packing import PackedBatch
@@ -57,6 +60,11 @@ class TrainerConfig:
     loss_agg_mode: str = "token-mean"  # pearl.live.grpo.LOSS_AGG_MODES
     loss_norm_tokens: int | None = None
     """``seq-mean-token-sum-norm``'s constant (Dr. GRPO's generation budget)."""
+    kl_coef: float = 0.0
+    """The weight of the KL penalty to the frozen starting weights (0: no reference)."""
+    kl_estimator: str = "k3"  # k1 or k3 (pearl.live.grpo.kl_per_token)
+    kl_ratio_correction: bool = False
+    """Weight each token's KL term by its importance ratio (DeepSeek-V3.2; TRL's default)."""
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 2048
     temperature: float = 1.0
@@ -79,6 +87,8 @@ class TrainerConfig:
             "scale_rewards": self.scale_rewards in REWARD_SCALES
             and (self.advantage_estimator != "rloo" or self.scale_rewards == "none"),
             "loss_agg_mode": self.loss_agg_mode in LOSS_AGG_MODES,
+            "kl_coef": self.kl_coef >= 0 and math.isfinite(self.kl_coef),
+            "kl_estimator": self.kl_estimator in KL_ESTIMATORS,
             "loss_norm_tokens": (self.loss_norm_tokens or 0) >= 1
             if self.loss_agg_mode == "seq-mean-token-sum-norm"
             else self.loss_norm_tokens is None or self.loss_norm_tokens >= 1,
@@ -137,6 +147,12 @@ class GRPOTrainer:
         self.model.to(self.device)  # float32 master weights on any device
         self.model.train()
         self.scorer = _Scorer(self.model)
+        # The KL penalty's reference: the starting weights (the run's model, also on a
+        # resume, which loads the checkpoint into self.model afterwards), frozen.
+        self.reference: _Scorer | None = None
+        if self.config.kl_coef > 0:
+            frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.reference = _Scorer(frozen)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.learning_rate,
@@ -196,6 +212,11 @@ class GRPOTrainer:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
             register_fsdp_forward_method(layer, "tree")  # the prefix-tree pass calls it
         fully_shard(self.scorer, mesh=mesh, mp_policy=policy)
+        if self.reference is not None:  # sharded the same way: each process holds 1/world
+            for layer in self.reference.model.model.layers:
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+                register_fsdp_forward_method(layer, "tree")
+            fully_shard(self.reference, mesh=mesh, mp_policy=policy)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.learning_rate,
@@ -251,20 +272,33 @@ class GRPOTrainer:
         rows = packing.trees(samples, indices, budget)
         return [packing.pack(samples, mb) for mb in packing.micro_batches(samples, rows, budget)]
 
-    def _token_logprobs(self, batch: PackedBatch) -> torch.Tensor:
-        """The current weights' log-probability of each scored token of ``batch`` [N]."""
+    def _token_logprobs(
+        self,
+        batch: PackedBatch,
+        entropy: list[float] | None = None,
+        scorer: torch.nn.Module | None = None,
+    ) -> torch.Tensor:
+        """The current weights' (or ``scorer``'s) log-probability of each scored token of
+        ``batch`` [N]; with ``entropy``, also appends the sum of the sampling distribution's
+        entropy (nats, the same truncation) at these tokens."""
         batch = batch.to(self.device)
+        scorer = scorer or self.scorer
         if self.compute_dtype is torch.float32 or self.world > 1:  # FSDP2 casts by itself
-            logits = self.scorer(batch)
+            logits = scorer(batch)
         else:
             with torch.autocast(self.device.type, dtype=self.compute_dtype):
-                logits = self.scorer(batch)
+                logits = scorer(batch)
         cfg = self.config
         logits = logits.float() / cfg.temperature
         if cfg.top_k or cfg.top_p < 1.0:
             logprobs = truncated_log_softmax(logits, cfg.top_k, cfg.top_p)
         else:
             logprobs = torch.log_softmax(logits, dim=-1)
+        if entropy is not None:
+            with torch.no_grad():
+                p = logprobs.exp()
+                terms = torch.where(p > 0, -p * logprobs, torch.zeros_like(p))
+                entropy.append(float(terms.sum()))
         return logprobs.gather(1, batch.targets.unsqueeze(1)).squeeze(1)
 
     @torch.no_grad()
@@ -305,12 +339,20 @@ class GRPOTrainer:
             self.optimizer.step()
         self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
         rewards = [s.reward for s in every]
+        lengths = [sum(s.loss_mask) for s in every]
         tokens = measured["tokens"]
         return {
             "loss": measured["loss"],
             "grad_norm": grad_norm,
             "clip_fraction": measured["clipped"] / max(1.0, tokens),
             "mean_ratio": measured["ratio_sum"] / tokens if tokens else math.nan,  # none scored
+            # the policy's entropy at the tokens it trained on (nats per token)
+            "entropy": measured["entropy_sum"] / tokens if tokens else math.nan,
+            # the KL estimate to the reference per trained token (kl_coef > 0 only)
+            "kl": measured["kl_sum"] / tokens if tokens and self.reference else math.nan,
+            # the model's own tokens per trajectory (every reply of it), as peers log them
+            "response_length_mean": float(np.mean(lengths)),
+            "response_length_max": float(max(lengths)),
             "trained_tokens": tokens,
             "batch_tokens": measured["batch_tokens"],
             "skipped_trajectories": float(len(samples) - measured["scored_trajectories"]),
@@ -347,10 +389,18 @@ class GRPOTrainer:
         useful = [i for i, a in enumerate(advantage) if a != 0.0]
         per_sample = torch.tensor(advantage, dtype=torch.float32)
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(4, dtype=torch.float64)  # loss, tokens, clipped, ratio sum
+        sums = torch.zeros(6, dtype=torch.float64)  # loss, tokens, clipped, ratios, entropy, kl
         for part, weight in self._my_share(samples, useful):
-            logprobs = self._token_logprobs(part).unsqueeze(1)  # [N, 1]: one token per row
+            entropy: list[float] = []
+            logprobs = self._token_logprobs(part, entropy).unsqueeze(1)  # [N, 1]: a token a row
             ones = torch.ones_like(logprobs)
+            kl = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = self._token_logprobs(part, scorer=self.reference).unsqueeze(1)
+                kl = kl_per_token(logprobs, ref, cfg.kl_estimator)
+                if cfg.kl_ratio_correction:
+                    kl = kl * torch.exp(logprobs - part.behaviour.to(self.device).unsqueeze(1))
             loss, stats = clipped_token_loss(
                 logprobs,
                 part.behaviour.to(self.device).unsqueeze(1),
@@ -359,6 +409,8 @@ class GRPOTrainer:
                 clip,
                 None if weights is None else weights[part.sample].to(self.device),
                 divisor,
+                kl,
+                cfg.kl_coef,
             )
             # Each process's loss is its share of the batch's weighted token sum; FSDP
             # averages the processes' gradients (gloo has no pre-scaled sum), so scaling by
@@ -366,22 +418,28 @@ class GRPOTrainer:
             scale = weight * self.world
             (loss * scale if scale != 1.0 else loss).backward()
             if weight:
-                sums += torch.tensor(
-                    [float(loss.detach()), stats["tokens"], stats["clipped"], stats["ratio_sum"]],
-                    dtype=torch.float64,
-                )
+                measured = [
+                    stats["tokens"],
+                    stats["clipped"],
+                    stats["ratio_sum"],
+                    *entropy,
+                    stats["kl_sum"],
+                ]
+                sums += torch.tensor([float(loss.detach()), *measured], dtype=torch.float64)
         if self.world > 1:
             import torch.distributed as dist
 
             on_device = sums.to(self.device)  # nccl reduces device tensors only
             dist.all_reduce(on_device)  # the whole batch's numbers, on every process
             sums = on_device.cpu()
-        loss_sum, tokens, clipped, ratio_sum = sums.tolist()
+        loss_sum, tokens, clipped, ratio_sum, entropy_sum, kl_sum = sums.tolist()
         return {
             "loss": loss_sum,
             "tokens": tokens,
             "clipped": clipped,
             "ratio_sum": ratio_sum,
+            "entropy_sum": entropy_sum,
+            "kl_sum": kl_sum,
             "batch_tokens": float(total),
             "scored_trajectories": float(len(useful)),
         }

@@ -106,6 +106,21 @@ class TrainTrainerSection(_Section):
         description="seq-mean-token-sum-norm's constant (null: rollout.max_new_tokens x "
         "rollout.max_turns, or rollout.max_context_tokens without max_turns)",
     )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="weight of the KL penalty to the frozen starting weights (0: none; a "
+        "reference copy of the model then lives in each trainer process, FSDP-sharded)",
+    )
+    kl_estimator: Literal["k3", "k1"] = Field(
+        "k3", description="k3: p_ref/p - log(p_ref/p) - 1 (TRL's, never negative); k1: log p/p_ref"
+    )
+    kl_ratio_correction: bool = Field(
+        False,
+        description="weight each token's KL term by its importance ratio, for an unbiased "
+        "reverse-KL gradient (DeepSeek-V3.2; TRL's use_bias_correction_kl)",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(
         1024, ge=16, le=1_000_000, description="padded tokens per backward pass (memory)"

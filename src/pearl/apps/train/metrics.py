@@ -53,6 +53,10 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "grad_norm": stats.get("grad_norm", math.nan),
         "clip_fraction": stats.get("clip_fraction", math.nan),
         "mean_ratio": stats.get("mean_ratio", math.nan),
+        "entropy": stats.get("entropy", math.nan),
+        "kl": stats.get("kl", math.nan),
+        "response_length_mean": stats.get("response_length_mean", math.nan),
+        "response_length_max": stats.get("response_length_max", math.nan),
     }
 
 
