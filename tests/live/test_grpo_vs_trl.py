@@ -235,3 +235,41 @@ def test_kl_estimators_by_hand():
     assert torch.allclose(k3, d.exp() - d - 1) and (k3 >= 0).all() and k3[2] == 0
     with pytest.raises(ValueError, match="k1"):
         kl_per_token(lp, ref, "k2")
+
+
+@pytest.mark.parametrize("mode, loss_type", MODES[:2], ids=[m for m, _ in MODES[:2]])
+def test_recomputed_logprobs_with_truncated_importance_sampling_equal_trls(
+    folder, tmp_path, mode, loss_type
+):
+    """``recompute_logprobs`` with ``tis_cap`` is TRL's vLLM importance-sampling correction
+    (``token_truncate``): the ratio against the trainer's own log-probabilities, each token
+    weighted by ``min(p_trainer / p_engine, cap)``; the step reports the mismatch."""
+    prompt, completions, samples = batch(folder)
+    cap = 1.2  # the engine's numbers are moved by up to +-0.4: some weights hit the cap
+    config = TrainerConfig(loss_agg_mode=mode, recompute_logprobs=True, tis_cap=cap)
+    ours = GRPOTrainer(ModelSpec(folder=str(folder)), config)
+    got = ours.backward(samples)
+    assert got["clipped"] == 0  # the ratio is 1 at the weights that start the step
+    theirs = trl_trainer(folder, loss_type, (0.2, 0.2), tmp_path)
+    inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
+    engine = inputs.pop("old_per_token_logps")
+    with torch.no_grad():
+        own, _, _ = theirs._get_per_token_logps_and_entropies(
+            theirs.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            MAX_COMPLETION,
+        )
+    mask = inputs["completion_mask"].bool()
+    ratio = torch.exp(own - engine).clamp(max=cap)
+    assert (ratio[mask] == cap).any() and (ratio[mask] < 1).any()
+    theirs.use_vllm = theirs.vllm_importance_sampling_correction = True
+    loss = theirs._compute_loss(theirs.model, {**inputs, "importance_sampling_ratio": ratio})
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
+    mine = dict(ours.model.named_parameters())
+    for name, p in theirs.model.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
+    gap = (own - engine).abs()[mask]
+    assert got["mismatch_sum"] / got["tokens"] == pytest.approx(float(gap.mean()), rel=1e-4)
+    assert got["mismatch_max"] == pytest.approx(float(gap.max()), rel=1e-4)

@@ -41,6 +41,7 @@ from pearl.live.grpo import (
     clipped_token_loss,
     kl_per_token,
     sequence_weights,
+    truncated_is_weights,
 )
 from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
@@ -63,6 +64,11 @@ class TrainerConfig:
     kl_coef: float = 0.0
     """The weight of the KL penalty to the frozen starting weights (0: no reference)."""
     kl_estimator: str = "k3"  # k1 or k3 (pearl.live.grpo.kl_per_token)
+    recompute_logprobs: bool = False
+    """Take the ratio against the trainer's own log-probabilities of the weights that
+    start the step, and weight tokens by truncated importance sampling against the
+    engine's (``tis_cap``)."""
+    tis_cap: float = 3.0
     kl_ratio_correction: bool = False
     """Weight each token's KL term by its importance ratio (DeepSeek-V3.2; TRL's default)."""
     max_grad_norm: float = 1.0
@@ -88,6 +94,7 @@ class TrainerConfig:
             and (self.advantage_estimator != "rloo" or self.scale_rewards == "none"),
             "loss_agg_mode": self.loss_agg_mode in LOSS_AGG_MODES,
             "kl_coef": self.kl_coef >= 0 and math.isfinite(self.kl_coef),
+            "tis_cap": self.tis_cap >= 1 and math.isfinite(self.tis_cap),
             "kl_estimator": self.kl_estimator in KL_ESTIMATORS,
             "loss_norm_tokens": (self.loss_norm_tokens or 0) >= 1
             if self.loss_agg_mode == "seq-mean-token-sum-norm"
@@ -350,6 +357,9 @@ class GRPOTrainer:
             "entropy": measured["entropy_sum"] / tokens if tokens else math.nan,
             # the KL estimate to the reference per trained token (kl_coef > 0 only)
             "kl": measured["kl_sum"] / tokens if tokens and self.reference else math.nan,
+            # |log p_trainer - log p_engine| per trained token: staleness and numerics
+            "mismatch_mean": measured["mismatch_sum"] / tokens if tokens else math.nan,
+            "mismatch_max": measured["mismatch_max"] if tokens else math.nan,
             # the model's own tokens per trajectory (every reply of it), as peers log them
             "response_length_mean": float(np.mean(lengths)),
             "response_length_max": float(max(lengths)),
@@ -389,11 +399,22 @@ class GRPOTrainer:
         useful = [i for i, a in enumerate(advantage) if a != 0.0]
         per_sample = torch.tensor(advantage, dtype=torch.float32)
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(6, dtype=torch.float64)  # loss, tokens, clipped, ratios, entropy, kl
+        # loss, tokens, clipped, ratios, entropy, kl, |trainer - engine| log-prob sum
+        sums = torch.zeros(7, dtype=torch.float64)
+        mismatch_max = torch.zeros(1, dtype=torch.float64)
         for part, weight in self._my_share(samples, useful):
             entropy: list[float] = []
             logprobs = self._token_logprobs(part, entropy).unsqueeze(1)  # [N, 1]: a token a row
             ones = torch.ones_like(logprobs)
+            behaviour = part.behaviour.to(self.device).unsqueeze(1)
+            # The trainer's numbers for the weights that start the step, against the
+            # engine's for the weights that sampled (older by the staleness, and another
+            # implementation): what the mismatch metrics report.
+            gap = (logprobs.detach() - behaviour).abs()
+            old, is_weights = behaviour, None
+            if cfg.recompute_logprobs:  # one update a batch: the step's own = these
+                old = logprobs.detach()
+                is_weights = truncated_is_weights(old, behaviour, cfg.tis_cap)
             kl = None
             if self.reference is not None:
                 with torch.no_grad():
@@ -403,7 +424,7 @@ class GRPOTrainer:
                     kl = kl * torch.exp(logprobs - part.behaviour.to(self.device).unsqueeze(1))
             loss, stats = clipped_token_loss(
                 logprobs,
-                part.behaviour.to(self.device).unsqueeze(1),
+                old,
                 per_sample[part.sample].to(self.device),
                 ones,
                 clip,
@@ -411,6 +432,7 @@ class GRPOTrainer:
                 divisor,
                 kl,
                 cfg.kl_coef,
+                is_weights,
             )
             # Each process's loss is its share of the batch's weighted token sum; FSDP
             # averages the processes' gradients (gloo has no pre-scaled sum), so scaling by
@@ -424,15 +446,21 @@ class GRPOTrainer:
                     stats["ratio_sum"],
                     *entropy,
                     stats["kl_sum"],
+                    float(gap.sum()),
                 ]
                 sums += torch.tensor([float(loss.detach()), *measured], dtype=torch.float64)
+                if gap.numel():
+                    mismatch_max = torch.maximum(mismatch_max, gap.max().double().cpu().view(1))
         if self.world > 1:
             import torch.distributed as dist
 
             on_device = sums.to(self.device)  # nccl reduces device tensors only
             dist.all_reduce(on_device)  # the whole batch's numbers, on every process
             sums = on_device.cpu()
-        loss_sum, tokens, clipped, ratio_sum, entropy_sum, kl_sum = sums.tolist()
+            largest = mismatch_max.to(self.device)
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+            mismatch_max = largest.cpu()
+        loss_sum, tokens, clipped, ratio_sum, entropy_sum, kl_sum, gap_sum = sums.tolist()
         return {
             "loss": loss_sum,
             "tokens": tokens,
@@ -440,6 +468,8 @@ class GRPOTrainer:
             "ratio_sum": ratio_sum,
             "entropy_sum": entropy_sum,
             "kl_sum": kl_sum,
+            "mismatch_sum": gap_sum,
+            "mismatch_max": float(mismatch_max[0]),
             "batch_tokens": float(total),
             "scored_trajectories": float(len(useful)),
         }

@@ -116,6 +116,14 @@ class TrainTrainerSection(_Section):
     kl_estimator: Literal["k3", "k1"] = Field(
         "k3", description="k3: p_ref/p - log(p_ref/p) - 1 (TRL's, never negative); k1: log p/p_ref"
     )
+    recompute_logprobs: bool = Field(
+        False,
+        description="take the ratio against the trainer's own log-probabilities and weight "
+        "tokens by truncated importance sampling against the engine's (tis_cap)",
+    )
+    tis_cap: float = Field(
+        3.0, ge=1, le=1000, description="the importance weight's cap (TRL's default 3.0)"
+    )
     kl_ratio_correction: bool = Field(
         False,
         description="weight each token's KL term by its importance ratio, for an unbiased "

@@ -55,6 +55,8 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "mean_ratio": stats.get("mean_ratio", math.nan),
         "entropy": stats.get("entropy", math.nan),
         "kl": stats.get("kl", math.nan),
+        "mismatch_mean": stats.get("mismatch_mean", math.nan),
+        "mismatch_max": stats.get("mismatch_max", math.nan),
         "response_length_mean": stats.get("response_length_mean", math.nan),
         "response_length_max": stats.get("response_length_max", math.nan),
     }
