@@ -758,3 +758,35 @@ def test_an_unmodified_sdk_agent_trains_through_the_endpoint(chat_model, tmp_pat
         assert row["turns"] == 8 and row["train_tokens"] == row["rollout_tokens"] > 0
     # every call answered, none with an error: 2 steps x 8, and 2 held-out runs x 2 x 2
     assert out["agent_endpoint"] == {"calls": 24, "errors": 0}
+
+
+def test_dynamic_sampling_trains_on_informative_groups_in_a_live_run(
+    chat_model, tmp_path, ray_runtime
+):
+    """``rollout.dynamic_sampling`` on live workers: each step's record says how many groups
+    were rolled out, tied and trained on; the trainer's batch holds only groups whose
+    rewards differ (a random tiny model ties every group: the rounds run to their bound)."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    overrides = [
+        f"model.name={chat_model}",
+        "rollout.dynamic_sampling=true",
+        "rollout.max_extra_rounds=1",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "run.steps=2",
+        "run.eval_tasks=0",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=dyn",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["steps"] == 2
+    rows = [json.loads(x) for x in (tmp_path / "dyn" / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        rolled, tied = row["groups_rolled_out"], row["groups_tied"]
+        assert row["groups_trained"] == min(2, rolled - tied)
+        assert row["extra_rounds"] == (0 if rolled - tied >= 2 else 1)  # bounded at 1
+        assert rolled == 2 + 2 * row["extra_rounds"]  # 2 missing of 2: a round of 2 tasks
+        assert row["trajectories"] == 2 * rolled  # every trajectory rolled out is counted

@@ -118,7 +118,8 @@ def test_guess_gives_higher_lower_and_rewards_finding_it():
 def test_seeds_split_into_disjoint_train_and_heldout_ranges():
     train = {split_seed("train", i) for i in range(1000)}
     heldout = {split_seed("heldout", i) for i in range(1000)}
-    assert not train & heldout
+    more = {split_seed("train-more", i) for i in range(1000)}  # dynamic sampling's rounds
+    assert not train & heldout and not more & (train | heldout)
     with pytest.raises(ValueError, match="split"):
         split_seed("test", 0)
     # The same seed is the same task; tasks vary with the seed.

@@ -247,9 +247,11 @@ class ControlPlane:
         loop_config: AgentLoopConfig,
         config: PipelineConfig,
         listener: PipelineListener | None = None,
+        more_tasks=None,
     ) -> PipelineScheduler:
         """The RL pipeline over this plane's router, trainer and active workers;
-        ``listener`` (default: the Elastic Scheduler) gets Training Begin / Finished."""
+        ``listener`` (default: the Elastic Scheduler) gets Training Begin / Finished;
+        ``more_tasks`` feeds dynamic sampling (``PipelineScheduler``)."""
         self.pipeline = PipelineScheduler(
             batches,
             self.router,
@@ -263,6 +265,7 @@ class ControlPlane:
             loop_config,
             config,
             listener=listener or self.elastic,
+            more_tasks=more_tasks,
         )
         self.pipeline.on_trajectory = self.tracker.observe_result
         return self.pipeline

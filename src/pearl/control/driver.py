@@ -140,9 +140,11 @@ class RunDriver:
         loop_config: AgentLoopConfig,
         config: PipelineConfig,
         listener: ForwardingListener | None = None,
+        more_tasks: Callable[[int, int, int], Any] | None = None,
     ) -> list[StepRecord]:
-        """The RL pipeline over ``batches`` (step -> batch) while availability changes."""
-        self.plane.make_pipeline(batches, loop_config, config, listener)
+        """The RL pipeline over ``batches`` (step -> batch) while availability changes;
+        ``more_tasks`` (step, round, tasks -> batch) feeds dynamic sampling."""
+        self.plane.make_pipeline(batches, loop_config, config, listener, more_tasks)
         follows = self.policy.pool is Pool.ELASTIC and bool(self.plane.preemptible)
         return await self.plane.run(self.availability.changes if follows else ())
 

@@ -14,7 +14,9 @@ soon as its weights are there while the long tail of batch i is still running (u
 Training step i starts when batch i is complete and step i - 1 is done; around it the
 pipeline emits Training Begin and Training Finished (the Elastic Scheduler returns
 borrowed GPUs on the first and may borrow them on the second), then syncs the new
-weights to every active rollout worker.
+weights to every active rollout worker. With ``dynamic_sampling`` a step's rollout goes on,
+with more tasks, until it has enough groups whose rewards differ
+(``pearl.control.dynamic_sampling``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
+from pearl.control.dynamic_sampling import (
+    SamplingRecord,
+    groups_of,
+    informative_groups,
+    next_round_tasks,
+)
 from pearl.control.episode import EpisodeBatch, run_episode_batch
 from pearl.control.interfaces import Clock, RolloutWorker, TrainBatch, Trainer
 from pearl.control.rollout import BatchResult, run_rollout_batch
@@ -43,6 +51,12 @@ class PipelineConfig:
     overlap_batches: bool = False
     """Start a batch as soon as its weights are synced, even while earlier batches still
     run; False: one rollout batch at a time."""
+    dynamic_sampling: bool = False
+    """Train only on groups whose rewards differ, rolling out more tasks (the scheduler's
+    ``more_tasks``) until a step has as many as its batch's groups
+    (``pearl.control.dynamic_sampling``)."""
+    max_extra_rounds: int = 4
+    """Dynamic sampling's bound: extra rollout rounds a step may take."""
     keep_results: bool = True
     """Keep each step's ``BatchResult`` (every turn's tokens) in its record; False: drop it
     once the step's weights are synced, so a long run's memory does not grow with its
@@ -51,6 +65,8 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.max_staleness < 0:
             raise ValueError(f"num_steps must be >= 1 and max_staleness >= 0, got {self}")
+        if self.max_extra_rounds < 0:
+            raise ValueError(f"max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds or None, got {self.deadline_s!r}")
 
@@ -93,6 +109,7 @@ class StepRecord:
     # by use: prefill, decode, idle, ...), when the world measures it.
     time_breakdown: dict[str, float] = field(default_factory=dict)
     train_stats: dict[str, float] = field(default_factory=dict)  # what a real trainer measured
+    sampling: SamplingRecord | None = None  # dynamic sampling's counts, when it is on
 
 
 class WeightSync:
@@ -140,8 +157,12 @@ class PipelineScheduler:
         loop_config: AgentLoopConfig,
         config: PipelineConfig,
         listener: PipelineListener | None = None,
+        more_tasks: Callable[[int, int, int], EpisodeBatch] | None = None,
     ) -> None:
+        if config.dynamic_sampling and more_tasks is None:
+            raise ValueError("dynamic sampling needs more_tasks(step, round, tasks)")
         self.batches = batches
+        self.more_tasks = more_tasks
         self.router = router
         self.trainer = trainer
         self.weight_sync = weight_sync
@@ -213,6 +234,8 @@ class PipelineScheduler:
 
         if isinstance(batch, EpisodeBatch):
             result = await run_episode_batch(batch, self.router, self.clock, self.loop_config, done)
+            if self.config.dynamic_sampling:
+                result = await self._sample_informative(i, rec, result, done)
         else:
             result = await run_rollout_batch(batch, self.router, self.clock, self.loop_config, done)
         rec.rollout_finished = self.clock.now()
@@ -236,6 +259,37 @@ class PipelineScheduler:
         async with self._changed:
             self._changed.notify_all()
 
+    async def _sample_informative(
+        self,
+        i: int,
+        rec: StepRecord,
+        result: BatchResult,
+        done: Callable[[TrajectoryResult], None],
+    ) -> BatchResult:
+        """Roll out extra rounds of step ``i`` until it has as many informative groups as
+        its batch had groups (or ``max_extra_rounds``); the result holds every trajectory
+        rolled out, ``rec.sampling`` which groups train."""
+        assert self.more_tasks is not None  # checked in __init__
+        trajectories = list(result.trajectories)
+        target = len(groups_of(trajectories))
+        sampling = SamplingRecord(target)
+        while True:
+            informative = informative_groups(trajectories)
+            rolled = len(groups_of(trajectories))
+            if len(informative) >= target or sampling.rounds >= self.config.max_extra_rounds:
+                break
+            tasks = next_round_tasks(target - len(informative), len(informative), rolled, target)
+            extra = self.more_tasks(i, sampling.rounds, tasks)
+            self.unfinished[i] += extra.num_trajectories
+            sampling.rounds += 1
+            more = await run_episode_batch(extra, self.router, self.clock, self.loop_config, done)
+            trajectories += more.trajectories
+        sampling.groups_rolled_out = rolled
+        sampling.groups_tied = rolled - len(informative)
+        sampling.kept = informative[:target]
+        rec.sampling = sampling
+        return BatchResult(trajectories, result.started_at, self.clock.now())
+
     async def _train_loop(self, ready: asyncio.Queue[tuple[int, asyncio.Task] | None]) -> None:
         if self.listener is not None:  # idle until the first batch: its GPUs may be borrowed
             await self.listener.on_training_finished(-1, self.trainer.weight_version)
@@ -246,14 +300,18 @@ class PipelineScheduler:
             rec = self.records[i]
             result = rec.result
             assert result is not None  # set by _roll_out
-            tokens = sum(t.context_tokens for t in result.trajectories)
+            trained = result.trajectories
+            if rec.sampling is not None and rec.sampling.kept:  # none: every group tied
+                kept = set(rec.sampling.kept)
+                trained = [t for t in trained if any(s.group in kept for s in t.samples)]
+            tokens = sum(t.context_tokens for t in trained)
             batch = TrainBatch(
                 step=i,
-                trajectories=len(result.trajectories),
+                trajectories=len(trained),
                 tokens=tokens,
-                max_sequence_tokens=max(t.context_tokens for t in result.trajectories),
+                max_sequence_tokens=max(t.context_tokens for t in trained),
                 weight_versions=rec.weight_versions,
-                samples=tuple(s for t in result.trajectories for s in t.samples),
+                samples=tuple(s for t in trained for s in t.samples),
             )
             self._check_staleness(i, rec)
             if self.listener is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-Split = Literal["train", "heldout"]
+Split = Literal["train", "heldout", "train-more"]
 
 # Seeds [0, HELDOUT_START) train; [HELDOUT_START, ...) are held out.
 HELDOUT_START = 1_000_000
@@ -28,7 +28,9 @@ def split_seed(split: Split, index: int) -> int:
         return index
     if split == "heldout":
         return HELDOUT_START + index
-    raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if split == "train-more":  # dynamic sampling's extra rounds, past the held-out tasks
+        return 2 * HELDOUT_START + index
+    raise ValueError(f"split must be 'train', 'heldout' or 'train-more', got {split!r}")
 
 
 @dataclass(slots=True)

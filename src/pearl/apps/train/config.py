@@ -48,6 +48,14 @@ class TrainRolloutSection(_Section):
     max_turns: int | None = Field(
         None, ge=1, le=1000, description="per trajectory (null: until the environment ends it)"
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="train only on groups whose rewards differ, rolling out more tasks until "
+        "a step has tasks_per_step of them (DAPO; pearl.control.dynamic_sampling)",
+    )
+    max_extra_rounds: int = Field(
+        4, ge=1, le=64, description="dynamic sampling: extra rollout rounds a step may take"
+    )
     temperature: float = Field(
         0.7, gt=0, le=2.0, description="sampling temperature (the trainer's ratio uses it too)"
     )

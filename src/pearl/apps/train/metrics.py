@@ -59,6 +59,8 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "mismatch_max": stats.get("mismatch_max", math.nan),
         "response_length_mean": stats.get("response_length_mean", math.nan),
         "response_length_max": stats.get("response_length_max", math.nan),
+        # dynamic sampling (rollout.dynamic_sampling): groups rolled out, tied, trained on
+        **(rec.sampling.row() if rec.sampling is not None else {}),
     }
 
 

@@ -380,11 +380,21 @@ class _LiveRun:
             )
         try:
             with steps:
+                rounds = cfg.rollout.max_extra_rounds
                 records = await self.driver.run(
                     lambda i: self._batch("train", (offset + i) * tasks, tasks, group),
                     self._loop_config(cfg.rollout.temperature),
-                    PipelineConfig(cfg.run.steps, max_staleness=cfg.run.max_staleness),
+                    PipelineConfig(
+                        cfg.run.steps,
+                        max_staleness=cfg.run.max_staleness,
+                        dynamic_sampling=cfg.rollout.dynamic_sampling,
+                        max_extra_rounds=rounds,
+                    ),
                     listener,
+                    # dynamic sampling's rounds: fresh tasks, (step, round) apart
+                    lambda i, r, n: self._batch(
+                        "train-more", ((offset + i) * rounds + r) * tasks, n, group
+                    ),
                 )
         except ray.exceptions.RayActorError as exc:
             # Rollout workers that die are replaced (LiveWorker maps their deaths);
