@@ -308,7 +308,7 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
     from pearl.apps.train.run import trainer_config
 
     variant = [*dr, "trainer.clip_eps_high=0.28", "trainer.kl_coef=0.04"]
-    variant += ["trainer.recompute_logprobs=true", "trainer.tis_cap=2"]
+    variant += ["trainer.recompute_logprobs=true", "trainer.tis_cap=2", "trainer.mask_overlong=1"]
     t = trainer_config(load_train_config(None, variant))
     assert (t.loss_agg_mode, t.scale_rewards, t.loss_norm_tokens) == (
         "seq-mean-token-sum-norm",
@@ -317,7 +317,7 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
     )
     assert (t.clip_eps, t.clip_eps_high, t.advantage_estimator) == (0.2, 0.28, "grpo")
     assert (t.kl_coef, t.kl_estimator, t.kl_ratio_correction) == (0.04, "k3", False)
-    assert (t.recompute_logprobs, t.tis_cap) == (True, 2.0)
+    assert (t.recompute_logprobs, t.tis_cap, t.mask_overlong) == (True, 2.0, True)
 
 
 def test_a_static_pd_split_on_a_pool_that_can_never_split_is_refused():

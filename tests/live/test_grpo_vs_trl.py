@@ -273,3 +273,29 @@ def test_recomputed_logprobs_with_truncated_importance_sampling_equal_trls(
     gap = (own - engine).abs()[mask]
     assert got["mismatch_sum"] / got["tokens"] == pytest.approx(float(gap.mean()), rel=1e-4)
     assert got["mismatch_max"] == pytest.approx(float(gap.max()), rel=1e-4)
+
+
+@pytest.mark.parametrize("mode, loss_type", MODES[:2], ids=[m for m, _ in MODES[:2]])
+def test_overlong_trajectories_masked_out_equal_trls_zeroed_completion_mask(
+    folder, tmp_path, mode, loss_type
+):
+    """``mask_overlong``: a trajectory cut by the context cap leaves the loss (its group's
+    advantages still count it), as TRL's loss with that completion's mask zeroed."""
+    import dataclasses
+
+    prompt, completions, samples = batch(folder)
+    samples[1] = dataclasses.replace(samples[1], stop_reason="context_full")
+    ours = GRPOTrainer(
+        ModelSpec(folder=str(folder)), TrainerConfig(loss_agg_mode=mode, mask_overlong=True)
+    )
+    got = ours.backward(samples)
+    assert got["overlong_masked"] == 1 and got["tokens"] == sum(LENGTHS) - LENGTHS[1]
+    theirs = trl_trainer(folder, loss_type, (0.2, 0.2), tmp_path)
+    inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
+    inputs["completion_mask"][1] = 0
+    loss = theirs._compute_loss(theirs.model, inputs)
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
+    mine = dict(ours.model.named_parameters())
+    for name, p in theirs.model.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pearl.control.episode import ENV_FAILURES
+from pearl.control.episode import ENV_FAILURES, STOP_CONTEXT_FULL
 from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
 from pearl.engine.sampler import truncated_log_softmax
 from pearl.errors import CheckpointError
@@ -64,6 +64,9 @@ class TrainerConfig:
     kl_coef: float = 0.0
     """The weight of the KL penalty to the frozen starting weights (0: no reference)."""
     kl_estimator: str = "k3"  # k1 or k3 (pearl.live.grpo.kl_per_token)
+    mask_overlong: bool = False
+    """Leave trajectories cut by the context cap out of the loss (their group's baseline
+    still counts them): DAPO's overlong filtering."""
     recompute_logprobs: bool = False
     """Take the ratio against the trainer's own log-probabilities of the weights that
     start the step, and weight tokens by truncated importance sampling against the
@@ -366,6 +369,7 @@ class GRPOTrainer:
             "trained_tokens": tokens,
             "batch_tokens": measured["batch_tokens"],
             "skipped_trajectories": float(len(samples) - measured["scored_trajectories"]),
+            "overlong_masked": measured["overlong_masked"],
             "env_failures": float(len(every) - len(samples)),
             "reward_mean": float(np.mean(rewards)),
             "reward_std": float(np.std(rewards)),
@@ -384,7 +388,10 @@ class GRPOTrainer:
             cfg.advantage_estimator,
             cfg.scale_rewards,
         )
-        counts = [sum(s.loss_mask[1:]) for s in samples]
+        overlong = [cfg.mask_overlong and s.stop_reason == STOP_CONTEXT_FULL for s in samples]
+        counts = [
+            0 if cut else sum(s.loss_mask[1:]) for s, cut in zip(samples, overlong, strict=True)
+        ]
         total = sum(counts)
         # token-mean divides the weighted sum by the batch's token count (no weights);
         # the other modes weight each trajectory's tokens (pearl.live.grpo).
@@ -396,7 +403,7 @@ class GRPOTrainer:
         clip = (cfg.clip_eps, cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high)
         # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
         # gradient: it is not scored at all (the result is exactly the full batch's).
-        useful = [i for i, a in enumerate(advantage) if a != 0.0]
+        useful = [i for i, a in enumerate(advantage) if a != 0.0 and not overlong[i]]
         per_sample = torch.tensor(advantage, dtype=torch.float32)
         self.optimizer.zero_grad(set_to_none=True)
         # loss, tokens, clipped, ratios, entropy, kl, |trainer - engine| log-prob sum
@@ -472,6 +479,7 @@ class GRPOTrainer:
             "mismatch_max": float(mismatch_max[0]),
             "batch_tokens": float(total),
             "scored_trajectories": float(len(useful)),
+            "overlong_masked": float(sum(overlong)),
         }
 
     # -- weights, devices, checkpoints ----------------------------------------------------

@@ -124,6 +124,11 @@ class TrainTrainerSection(_Section):
     kl_estimator: Literal["k3", "k1"] = Field(
         "k3", description="k3: p_ref/p - log(p_ref/p) - 1 (TRL's, never negative); k1: log p/p_ref"
     )
+    mask_overlong: bool = Field(
+        False,
+        description="leave trajectories cut by rollout.max_context_tokens out of the loss "
+        "(DAPO's overlong filtering; their group's baseline still counts them)",
+    )
     recompute_logprobs: bool = Field(
         False,
         description="take the ratio against the trainer's own log-probabilities and weight "

@@ -40,6 +40,7 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "train_tokens": int(stats.get("batch_tokens", 0)),
         "scored_tokens": int(stats.get("trained_tokens", 0)),
         "skipped_trajectories": int(stats.get("skipped_trajectories", 0)),
+        "overlong_masked": int(stats.get("overlong_masked", 0)),
         "env_failures": int(stats.get("env_failures", 0)),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
         "tool_calls": sum(t.tool_calls for t in trajectories),

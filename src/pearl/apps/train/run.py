@@ -565,6 +565,7 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
         kl_coef=t.kl_coef,
         kl_estimator=t.kl_estimator,
         kl_ratio_correction=t.kl_ratio_correction,
+        mask_overlong=t.mask_overlong,
         recompute_logprobs=t.recompute_logprobs,
         tis_cap=t.tis_cap,
         max_grad_norm=t.max_grad_norm,
