@@ -119,6 +119,7 @@ def test_an_episodes_tool_calls_are_counted_in_its_trajectory_and_the_steps_row(
         rollout_tokens=10,
         step=0,
         tokens_by_version={(0, 0): 10},
+        sampling=None,
     )
     row = step_row(rec, version=1, offset=0, elapsed=2.0)
     assert (row["tool_calls"], row["malformed_tool_calls"]) == (3, 1)
