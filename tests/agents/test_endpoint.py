@@ -11,6 +11,7 @@ import sys
 import httpx
 import openai
 import pytest
+from flat_cost import FlatCost
 from tiny_model import tiny_chat_tokenizer
 
 from pearl.agents.endpoint import AgentEndpoint
@@ -26,17 +27,6 @@ from pearl.models.tokenizer import Tokenizer
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
 
 VOCAB = 258  # the tiny byte-level tokenizer's bytes and ChatML's two special tokens
-
-
-class FlatCost:
-    def iteration_time(self, prefills, decode_contexts):
-        return 0.002
-
-    def decode_time(self, batch_size, total_context):
-        return 0.002
-
-    def decode_times(self, batch_size, total_context, steps):
-        return [0.002] * steps
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +57,7 @@ def run_agents(
         endpoint = AgentEndpoint("pearl-policy", api_key=api_key)
         await endpoint.start()
         cfg = SimEngineConfig(num_kv_blocks=1024)
-        pool = [worker(f"w{k}", FlatCost(), cfg, vocab_size=VOCAB) for k in range(workers)]
+        pool = [worker(f"w{k}", FlatCost(0.002), cfg, vocab_size=VOCAB) for k in range(workers)]
         router = Router()
         router.set_topology(colocated=pool[:1])
         batch = EpisodeBatch(

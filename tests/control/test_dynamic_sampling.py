@@ -2,6 +2,7 @@
 out in extra rounds of fresh tasks until it has as many as its batch's groups."""
 
 import pytest
+from flat_cost import FlatCost
 
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.dynamic_sampling import informative_groups, next_round_tasks
@@ -13,17 +14,6 @@ from pearl.sim.clock import run_virtual
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
 
 GROUP = 4
-
-
-class FlatCost:
-    def iteration_time(self, prefills, decode_contexts):
-        return 0.01
-
-    def decode_time(self, batch_size, total_context):
-        return 0.01
-
-    def decode_times(self, batch_size, total_context, steps):
-        return [0.01] * steps
 
 
 class Task:

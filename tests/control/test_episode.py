@@ -2,6 +2,7 @@
 context budget, an environment failure) and what a failed one leaves for the trainer."""
 
 import pytest
+from flat_cost import FlatCost
 
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.episode import EpisodeAborted, EpisodeBatch, run_episode_batch
@@ -9,17 +10,6 @@ from pearl.control.interfaces import AsyncioClock
 from pearl.control.router import Router
 from pearl.sim.clock import run_virtual
 from pearl.sim.worker import SimEngineConfig, SimulatedWorker
-
-
-class FlatCost:
-    def iteration_time(self, prefills, decode_contexts):
-        return 0.01
-
-    def decode_time(self, batch_size, total_context):
-        return 0.01
-
-    def decode_times(self, batch_size, total_context, steps):
-        return [0.01] * steps
 
 
 class Scripted:

@@ -119,6 +119,23 @@ def trl_inputs(prompt, completions, samples, adv):
     }
 
 
+def trl_logps(theirs, inputs, entropy=False):
+    """TRL's per-token log-probabilities (and entropies) of ``inputs``' completions."""
+    return theirs._get_per_token_logps_and_entropies(
+        theirs.model,
+        torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+        MAX_COMPLETION,
+        compute_entropy=entropy,
+    )
+
+
+def assert_same_gradients(ours, theirs):
+    mine = dict(ours.model.named_parameters())
+    for name, p in theirs.model.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
+
+
 @pytest.mark.parametrize("clip", [(0.2, 0.2), (0.2, 0.28)], ids=["symmetric", "clip-higher"])
 @pytest.mark.parametrize("mode, loss_type", MODES, ids=[m for m, _ in MODES])
 def test_each_loss_variant_equals_trls_loss_and_gradient(folder, tmp_path, mode, loss_type, clip):
@@ -139,10 +156,7 @@ def test_each_loss_variant_equals_trls_loss_and_gradient(folder, tmp_path, mode,
     loss = theirs._compute_loss(theirs.model, trl_inputs(prompt, completions, samples, adv))
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
-    ours_grads = dict(ours.model.named_parameters())
-    for name, p in theirs.model.named_parameters():
-        mine = ours_grads[name].grad
-        assert torch.allclose(mine, p.grad, rtol=1e-4, atol=1e-6), name
+    assert_same_gradients(ours, theirs)
 
 
 def test_advantage_variants_by_hand():
@@ -173,13 +187,7 @@ def test_the_entropy_the_step_reports_is_trls(folder, tmp_path):
     theirs = trl_trainer(folder, "bnpo", (0.2, 0.2), tmp_path)
     inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
     with torch.no_grad():
-        _, entropies, _ = theirs._get_per_token_logps_and_entropies(
-            theirs.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
-            MAX_COMPLETION,
-            compute_entropy=True,
-        )
+        _, entropies, _ = trl_logps(theirs, inputs, entropy=True)
     mask = inputs["completion_mask"].float()
     assert got["tokens"] == float(mask.sum())
     expected = float((entropies * mask).sum() / mask.sum())
@@ -207,12 +215,7 @@ def test_the_kl_penalty_equals_trls_beta(folder, tmp_path, mode, loss_type, corr
     theirs = trl_trainer(folder, loss_type, (0.2, 0.2), tmp_path)
     inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
     with torch.no_grad():  # the reference: the starting weights, still in TRL's model
-        ref, _, _ = theirs._get_per_token_logps_and_entropies(
-            theirs.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
-            MAX_COMPLETION,
-        )
+        ref, _, _ = trl_logps(theirs, inputs)
         state = {n: p.detach().clone() for n, p in ours.model.named_parameters()}
         theirs.model.load_state_dict(state, strict=False)
     theirs.beta = 0.5
@@ -220,9 +223,7 @@ def test_the_kl_penalty_equals_trls_beta(folder, tmp_path, mode, loss_type, corr
     loss = theirs._compute_loss(theirs.model, {**inputs, "ref_per_token_logps": ref})
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
-    mine = dict(ours.model.named_parameters())
-    for name, p in theirs.model.named_parameters():
-        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
+    assert_same_gradients(ours, theirs)
 
 
 def test_kl_estimators_by_hand():
@@ -254,12 +255,7 @@ def test_recomputed_logprobs_with_truncated_importance_sampling_equal_trls(
     inputs = trl_inputs(prompt, completions, samples, advantages(REWARDS, GROUPS))
     engine = inputs.pop("old_per_token_logps")
     with torch.no_grad():
-        own, _, _ = theirs._get_per_token_logps_and_entropies(
-            theirs.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
-            MAX_COMPLETION,
-        )
+        own, _, _ = trl_logps(theirs, inputs)
     mask = inputs["completion_mask"].bool()
     ratio = torch.exp(own - engine).clamp(max=cap)
     assert (ratio[mask] == cap).any() and (ratio[mask] < 1).any()
@@ -267,9 +263,7 @@ def test_recomputed_logprobs_with_truncated_importance_sampling_equal_trls(
     loss = theirs._compute_loss(theirs.model, {**inputs, "importance_sampling_ratio": ratio})
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
-    mine = dict(ours.model.named_parameters())
-    for name, p in theirs.model.named_parameters():
-        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
+    assert_same_gradients(ours, theirs)
     gap = (own - engine).abs()[mask]
     assert got["mismatch_sum"] / got["tokens"] == pytest.approx(float(gap.mean()), rel=1e-4)
     assert got["mismatch_max"] == pytest.approx(float(gap.max()), rel=1e-4)
@@ -296,6 +290,4 @@ def test_overlong_trajectories_masked_out_equal_trls_zeroed_completion_mask(
     loss = theirs._compute_loss(theirs.model, inputs)
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
-    mine = dict(ours.model.named_parameters())
-    for name, p in theirs.model.named_parameters():
-        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
+    assert_same_gradients(ours, theirs)
