@@ -4,6 +4,7 @@ import asyncio
 
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.interfaces import AsyncioClock, WorkerRole
+from pearl.control.pipeline import WeightSync
 from pearl.control.rebuilder import InterScaleRebuilder
 from pearl.control.rollout import run_rollout_batch
 from pearl.control.router import Router
@@ -204,3 +205,56 @@ def test_a_role_switch_goes_on_when_a_worker_it_switches_died_meanwhile():
 
     partials, roles = run_virtual(main)[0]
     assert partials == [] and roles == [WorkerRole.PREFILL, WorkerRole.DECODE]
+
+
+def test_a_joiner_misses_no_weights_trained_while_it_switches_role_at_admission():
+    """The race behind a chaos run's StalenessError: a replacement worker caught up with the
+    newest weights, then took its role at admission (a call to the worker) while the trainer
+    published a newer version and the regular sync pushed it to the *active* workers only.
+    The joiner was admitted one version behind. Admission now checks the version again with
+    no await between that check and the worker becoming active."""
+    table, slots, router, factory, _ = setup()
+    version = {"trained": 3}
+
+    class SlowSwitch(CheckedWorker):
+        async def set_role(self, role):
+            await asyncio.sleep(1.0)  # the call's round trip, during which v4 is trained
+            return await super().set_role(role)
+
+    async def start(slot, role):
+        await asyncio.sleep(factory.prepare_s)
+        w = SlowSwitch(
+            f"w{slot.slot_id}", FlatCost(), SimEngineConfig(num_kv_blocks=2048), role=role
+        )
+        w.table, w.slot_id = table, slot.slot_id
+        return w
+
+    factory.start = start
+    rebuilder = InterScaleRebuilder(
+        table, router, factory, lambda: version["trained"], lambda n: 2.0, finalize_s=5.0
+    )
+    sync = WeightSync(lambda: list(rebuilder.workers.values()), lambda n: 2.0)
+
+    async def train_meanwhile():
+        await asyncio.sleep(30.0 + 2.0 + 5.0 + 0.5)  # inside the joiner's set_role
+        version["trained"] = 4
+        await sync.sync(4)  # the pipeline's sync after the step: active workers only
+
+    async def main():
+        assert await rebuilder.expand({slots[0]: WorkerRole.COLOCATED})
+        trainer = asyncio.ensure_future(train_meanwhile())  # the second worker joins now
+        assert await rebuilder.expand(
+            {slots[1]: WorkerRole.COLOCATED},
+            roles_at_admission=lambda active: (
+                {s: WorkerRole.PREFILL for s in active[:1]}
+                | {s: WorkerRole.DECODE for s in active[1:]}
+            ),
+        )
+        await trainer
+        versions = {s: w.requested_version for s, w in rebuilder.workers.items()}
+        for w in list(rebuilder.workers.values()):
+            w.close()
+        return versions
+
+    versions = run_virtual(main)[0]
+    assert versions == {slots[0]: 4, slots[1]: 4}

@@ -163,9 +163,7 @@ class InterScaleRebuilder:
             await lock.__aenter__()
             # A newer version may have been trained meanwhile (the regular sync reaches only
             # active workers): catch up before admission, so no turn runs on stale weights.
-            while (latest := self.weight_version()) > version:
-                version = latest
-                await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
+            version = await self._catch_up(handles, version, seconds)
         except asyncio.CancelledError:
             self.expansions_cancelled += 1
             for slot_id, worker in handles.items():
@@ -175,15 +173,27 @@ class InterScaleRebuilder:
         # Atomic admission (no other reconfiguration meanwhile): every joiner becomes active
         # in one table update; from here on the joiners are ordinary active workers.
         try:
-            await asyncio.shield(self._admit(handles, roles_at_admission))
+            await asyncio.shield(self._admit(handles, roles_at_admission, version, seconds))
         finally:
             await lock.__aexit__(None, None, None)
         return True
+
+    async def _catch_up(
+        self, handles: Mapping[SlotId, RolloutWorker], version: int, seconds: float
+    ) -> int:
+        """Install on ``handles`` (holding ``version``) every newer version trained since;
+        returns with no await after its last check: the version they hold."""
+        while (latest := self.weight_version()) > version:
+            version = latest
+            await asyncio.gather(*(w.sync_weights(version, seconds) for w in handles.values()))
+        return version
 
     async def _admit(
         self,
         handles: Mapping[SlotId, RolloutWorker],
         roles_at_admission: Callable[[list[SlotId]], Mapping[SlotId, WorkerRole]] | None,
+        version: int,
+        seconds: float,
     ) -> None:
         final = (
             dict(roles_at_admission(sorted(set(self.workers) | set(handles))))
@@ -196,6 +206,10 @@ class InterScaleRebuilder:
             if role is not None and role is not snap.slot(slot_id).role:
                 self.table.set_role(slot_id, role)
                 await worker.set_role(role)  # idle until admitted: nothing to hand back
+        # The regular sync reaches active workers only: a version trained while the joiners
+        # switched role is theirs to install now. No await between the last check and the
+        # joiners becoming active, so a sync that starts later finds them among its receivers.
+        await self._catch_up(handles, version, seconds)
         self.workers.update(handles)
         self.table.set_statuses({s: WorkerStatus.ACTIVE for s in handles})
         if final:
