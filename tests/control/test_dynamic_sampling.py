@@ -46,17 +46,20 @@ def batch(name, tasks, informative):
 class Recorder:
     """A trainer that records what it was given."""
 
-    def __init__(self):
+    def __init__(self, fail_at=None):
         self.weight_version = 0
         self.batches = []
+        self.fail_at = fail_at
 
     async def train_step(self, b):
+        if b.step == self.fail_at:
+            raise RuntimeError(f"the trainer failed at step {b.step}")
         self.batches.append(b)
         self.weight_version += 1
         return TrainMetrics(b.step, self.weight_version, 0.0, 0.0, b.tokens)
 
 
-def run(steps, tasks_per_step, informative, max_extra_rounds=4):
+def run(steps, tasks_per_step, informative, max_extra_rounds=4, fail_at=None):
     asked = []
 
     def more(i, r, n):
@@ -70,7 +73,7 @@ def run(steps, tasks_per_step, informative, max_extra_rounds=4):
         )
         router = Router()
         router.set_topology(colocated=[worker])
-        trainer = Recorder()
+        trainer = Recorder(fail_at)
         pipeline = PipelineScheduler(
             lambda i: batch(
                 f"s{i}.", range(i * tasks_per_step, (i + 1) * tasks_per_step), informative
@@ -152,3 +155,11 @@ def test_informative_groups_ignore_environment_failures_and_round_sizes_follow_t
     assert next_round_tasks(1, 1, 8, 8) == 8  # capped
     assert next_round_tasks(3, 0, 6, 6) == 6  # none informative yet: a quarter assumed, capped
     assert next_round_tasks(5, 9, 10, 3) == 5  # never fewer than missing
+
+
+def test_a_failed_step_ends_the_run_while_an_extra_round_is_in_flight():
+    """The trainer raises while the next step's rollout (with its extra rounds) runs: the
+    error ends the run at once. (The rollout used to go on after the error, and with its
+    worker closed by the caller the router resumed its turns on it forever.)"""
+    with pytest.raises(RuntimeError, match="the trainer failed at step 1"):
+        run(3, 6, lambda t: t % 3 != 0, fail_at=1)

@@ -182,13 +182,27 @@ class PipelineScheduler:
         # out, waiting for the trainer).
         self.unfinished: dict[int, int] = {}
         self._rolling: set[int] = set()  # batches whose rollout (and its hook) is not done
+        self._rollouts: set[asyncio.Task] = set()  # their tasks
         self.on_trajectory: Callable[[TrajectoryResult], None] | None = None
 
     async def run(self) -> list[StepRecord]:
         """Run until ``num_steps`` steps (or the deadline); return the steps that trained."""
         ready: asyncio.Queue[tuple[int, asyncio.Task] | None] = asyncio.Queue()
         self.started_at = self.clock.now()
-        await asyncio.gather(self._rollout_loop(ready), self._train_loop(ready))
+        loops = [
+            asyncio.ensure_future(self._rollout_loop(ready)),
+            asyncio.ensure_future(self._train_loop(ready)),
+        ]
+        try:
+            await asyncio.gather(*loops)
+        except BaseException:
+            # A failed step (or a cancelled run) ends the rollouts in flight too: left
+            # running, they would go on routing turns to workers the caller then stops.
+            tasks = loops + list(self._rollouts)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return self.records
 
     def borrow_window(self) -> tuple[int, int]:
@@ -223,7 +237,10 @@ class PipelineScheduler:
             batch = self.batches(i)
             self.batch_size = self.unfinished[i] = batch.num_trajectories
             self._rolling.add(i)
-            ready.put_nowait((i, asyncio.ensure_future(self._roll_out(i, batch, rec))))
+            rollout = asyncio.ensure_future(self._roll_out(i, batch, rec))
+            self._rollouts.add(rollout)
+            rollout.add_done_callback(self._rollouts.discard)
+            ready.put_nowait((i, rollout))
         ready.put_nowait(None)
 
     async def _roll_out(self, i: int, batch: RolloutBatch | EpisodeBatch, rec: StepRecord) -> None:
