@@ -295,6 +295,9 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
         load_train_config(None, ["trainer.loss_norm_tokens=64"])
     with pytest.raises(ConfigError, match="loss_agg_mode"):
         load_train_config(None, ["trainer.loss_agg_mode=dr_grpo"])
+    with pytest.raises(ConfigError, match="mini_batches=16.*tasks_per_step=8 groups"):
+        load_train_config(None, ["trainer.mini_batches=16"])
+    assert load_train_config(None, ["trainer.mini_batches=8"]).trainer.mini_batches == 8
     ok = ["trainer.advantage_estimator=rloo", "trainer.scale_rewards=none"]
     assert load_train_config(None, ok).trainer.advantage_estimator == "rloo"
     # Dr. GRPO's constant: a trajectory's generation budget unless set
@@ -309,7 +312,9 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
 
     variant = [*dr, "trainer.clip_eps_high=0.28", "trainer.kl_coef=0.04"]
     variant += ["trainer.recompute_logprobs=true", "trainer.tis_cap=2", "trainer.mask_overlong=1"]
+    variant += ["trainer.ppo_epochs=2", "trainer.mini_batches=4"]
     t = trainer_config(load_train_config(None, variant))
+    assert (t.ppo_epochs, t.mini_batches) == (2, 4)
     assert (t.loss_agg_mode, t.scale_rewards, t.loss_norm_tokens) == (
         "seq-mean-token-sum-norm",
         "none",

@@ -358,7 +358,8 @@ def three_slots():
     ray.shutdown()
 
 
-def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path):
+@pytest.mark.parametrize("updates", [(1, 1), (2, 2)], ids=["one-update", "epochs-mini-batches"])
+def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path, updates):
     """FSDP2 over two Ray actors (gloo): each process trains on its share of the groups
     (three groups: one process gets two, the other pads with a zero-weight pass); the loss,
     the statistics and the updated weights equal one process's, step after step; a
@@ -369,7 +370,10 @@ def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path)
 
     samples = shared_prompt_samples(groups=3, tries=3)
     batches = [TrainBatch(i, len(samples), 0, 0, samples=tuple(samples)) for i in range(2)]
-    config = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=64)
+    epochs, minis = updates  # several updates a step: each process scores the step's start
+    config = TrainerConfig(
+        learning_rate=1e-3, micro_batch_tokens=64, ppo_epochs=epochs, mini_batches=minis
+    )
     one = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
     expected = [one.train_step(b) for b in batches]
 
@@ -430,3 +434,47 @@ def test_a_step_with_nothing_to_score_reports_no_ratio():
     trainer = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig())
     stats = trainer.train_step(TrainBatch(0, len(samples), 0, 0, samples=tuple(samples)))
     assert stats["trained_tokens"] == 0 and math.isnan(stats["mean_ratio"])
+
+
+def test_ppo_epochs_and_mini_batches_update_on_whole_groups_against_the_steps_start():
+    """``ppo_epochs=2, mini_batches=2`` on three groups: four optimizer updates, on groups
+    {t0, t1} then {t2}, twice; advantages from the whole batch; every update's ratio
+    against the weights that started the step. Equal to those updates done by hand."""
+    from pearl.live.grpo import advantages
+    from pearl.live.trainer import mini_batches
+
+    samples = shared_prompt_samples(groups=3, tries=3)
+    batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
+    config = TrainerConfig(learning_rate=1e-3, ppo_epochs=2, mini_batches=2)
+    trainer = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    stats = trainer.train_step(batch)
+    assert stats["updates"] == 4 and trainer.version == 1
+    assert stats["trained_tokens"] == sum(sum(s.loss_mask) for s in samples)
+    minis = mini_batches(samples, 2)
+    assert [{samples[i].group for i in m} for m in minis] == [{"t0", "t1"}, {"t2"}]
+
+    by_hand = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), config)
+    adv = advantages([s.reward for s in samples], [s.group for s in samples])
+    start = by_hand.score(samples)
+    for _ in range(2):
+        for m in minis:
+            by_hand.backward([samples[i] for i in m], [adv[i] for i in m], [start[i] for i in m])
+            torch.nn.utils.clip_grad_norm_(by_hand.model.parameters(), config.max_grad_norm)
+            by_hand.optimizer.step()
+    one = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(learning_rate=1e-3))
+    one.train_step(batch)
+    theirs, single = dict(by_hand.model.named_parameters()), dict(one.model.named_parameters())
+    moved = 0.0
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, theirs[name], msg=name)
+        moved = max(moved, float((param - single[name]).abs().max()))
+    assert moved > 1e-4  # four updates are not one
+
+
+def test_mini_batches_are_whole_groups_and_no_more_than_the_groups():
+    from pearl.live.trainer import mini_batches
+
+    samples = [TrainSample((1, 2), (0, 1), (0.0, 0.0), 0.0, g) for g in "aabbbcdd"]
+    assert mini_batches(samples, 1) == [list(range(8))]
+    assert mini_batches(samples, 2) == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    assert mini_batches(samples, 9) == [[0, 1], [2, 3, 4], [5], [6, 7]]

@@ -43,6 +43,14 @@ from pearl.live.grpo import (
     sequence_weights,
     truncated_is_weights,
 )
+from pearl.live.lora import (
+    LoRAConfig,
+    adapter_files,
+    adapters_disabled,
+    apply_lora,
+    merged_weights,
+    read_adapters,
+)
 from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
 from pearl.models.devices import DTYPES, torch_device, torch_dtype
@@ -72,6 +80,15 @@ class TrainerConfig:
     start the step, and weight tokens by truncated importance sampling against the
     engine's (``tis_cap``)."""
     tis_cap: float = 3.0
+    ppo_epochs: int = 1
+    """Passes over each batch (TRL's ``num_iterations``, verl's ``ppo_epochs``)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass, each on its share of the batch's groups (verl's
+    ``ppo_mini_batch_size`` = batch / mini_batches). With more than one update a step,
+    the ratio is taken against the trainer's log-probabilities of the weights that start
+    the step, as TRL and verl do."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters on the frozen weights (``pearl.live.lora``); None: all weights."""
     kl_ratio_correction: bool = False
     """Weight each token's KL term by its importance ratio (DeepSeek-V3.2; TRL's default)."""
     max_grad_norm: float = 1.0
@@ -98,6 +115,8 @@ class TrainerConfig:
             "loss_agg_mode": self.loss_agg_mode in LOSS_AGG_MODES,
             "kl_coef": self.kl_coef >= 0 and math.isfinite(self.kl_coef),
             "tis_cap": self.tis_cap >= 1 and math.isfinite(self.tis_cap),
+            "ppo_epochs": self.ppo_epochs >= 1,
+            "mini_batches": self.mini_batches >= 1,
             "kl_estimator": self.kl_estimator in KL_ESTIMATORS,
             "loss_norm_tokens": (self.loss_norm_tokens or 0) >= 1
             if self.loss_agg_mode == "seq-mean-token-sum-norm"
@@ -137,6 +156,21 @@ class _Scorer(torch.nn.Module):
         return self.model.compute_logits(hidden[batch.rows, batch.cols])
 
 
+def mini_batches(samples: list[TrainSample], count: int) -> list[list[int]]:
+    """``samples``' indices in ``count`` mini-batches of whole groups (fewer if the batch
+    has fewer groups), in the order the groups first appear, as even as groups allow."""
+    order: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        order.setdefault(s.group, []).append(i)
+    groups = list(order.values())
+    count = max(1, min(count, len(groups)))
+    bounds = [round(k * len(groups) / count) for k in range(count + 1)]
+    return [
+        [i for group in groups[lo:hi] for i in group]
+        for lo, hi in zip(bounds, bounds[1:], strict=False)
+    ]
+
+
 class GRPOTrainer:
     def __init__(
         self, model: ModelSpec, config: TrainerConfig | None = None, torch_threads: int = 1
@@ -154,27 +188,36 @@ class GRPOTrainer:
             self.model = build_model(ModelConfig.from_dict(model.config), seed=model.seed)
         else:
             raise ValueError("ModelSpec needs a folder or a config")
+        self.base_model = model.folder or "random"
+        self.adapted: list[str] = []  # the modules with LoRA adapters
+        if self.config.lora is not None:
+            self.adapted = apply_lora(self.model, self.config.lora, seed=model.seed)
         self.model.to(self.device)  # float32 master weights on any device
         self.model.train()
         self.scorer = _Scorer(self.model)
         # The KL penalty's reference: the starting weights (the run's model, also on a
-        # resume, which loads the checkpoint into self.model afterwards), frozen.
+        # resume, which loads the checkpoint into self.model afterwards), frozen. With
+        # LoRA it is the base model itself, the adapters switched off.
         self.reference: _Scorer | None = None
-        if self.config.kl_coef > 0:
+        if self.config.kl_coef > 0 and self.config.lora is None:
             frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
             self.reference = _Scorer(frozen)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.config.learning_rate,
-            betas=self.config.betas,
-            weight_decay=self.config.weight_decay,
-        )
+        self.optimizer = self._make_optimizer()
         self.version = 0
         self.lent = False
         self.rank, self.world = 0, 1  # one of ``world`` processes (init_distributed)
         self._writer: Any = None  # the checkpoint writer thread, started at the first save
         self._pending: Any = None  # the checkpoint being written (a Future)
         self._last_saved: tuple[Path, int] | None = None  # (folder, version) last snapshotted
+
+    def _make_optimizer(self) -> torch.optim.AdamW:
+        """AdamW over the trainable parameters (with LoRA: the adapters only)."""
+        return torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.config.learning_rate,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
 
     # -- several processes (FSDP2) ------------------------------------------------------
     @staticmethod
@@ -227,12 +270,7 @@ class GRPOTrainer:
                 fully_shard(layer, mesh=mesh, mp_policy=policy)
                 register_fsdp_forward_method(layer, "tree")
             fully_shard(self.reference, mesh=mesh, mp_policy=policy)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.config.learning_rate,
-            betas=self.config.betas,
-            weight_decay=self.config.weight_decay,
-        )
+        self.optimizer = self._make_optimizer()
         for name, param in self.model.named_parameters():
             if name in state:
                 st = state[name]
@@ -312,9 +350,18 @@ class GRPOTrainer:
         return logprobs.gather(1, batch.targets.unsqueeze(1)).squeeze(1)
 
     @torch.no_grad()
+    def _reference_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """The KL reference's log-probabilities of ``batch``'s scored tokens."""
+        if self.reference is not None:
+            return self._token_logprobs(batch, scorer=self.reference)
+        with adapters_disabled(self.model):
+            return self._token_logprobs(batch)
+
+    @torch.no_grad()
     def score(self, samples: list[TrainSample]) -> list[list[float]]:
         """The current weights' log-probability of each masked token (0 elsewhere), aligned
-        with each sample's tokens."""
+        with each sample's tokens. (Every process scores every sample: the same passes,
+        so FSDP's collectives pair up.)"""
         out = [[0.0] * len(s.token_ids) for s in samples]
         for batch in self._micro_batches(samples, list(range(len(samples)))):
             logprobs = self._token_logprobs(batch)
@@ -325,7 +372,8 @@ class GRPOTrainer:
 
     # -- training -----------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One GRPO step on ``batch.samples``; returns what it measured."""
+        """One GRPO step on ``batch.samples`` (``ppo_epochs`` x ``mini_batches`` optimizer
+        updates); returns what it measured."""
         if self.lent:
             raise DeviceLentError("the trainer's device is lent to rollout; restore it first")
         every = list(batch.samples)
@@ -336,51 +384,6 @@ class GRPOTrainer:
         # nor moves its group's baseline.
         samples = [s for s in every if s.stop_reason not in ENV_FAILURES]
         t0 = time.perf_counter()
-        measured = self.backward(samples)
-        grad_norm = 0.0
-        if measured["scored_trajectories"]:
-            norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.config.max_grad_norm
-            )
-            grad_norm = float(self._full(norm))
-            if not math.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"train step {batch.step}: gradient norm is {grad_norm}")
-            self.optimizer.step()
-        self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
-        rewards = [s.reward for s in every]
-        lengths = [sum(s.loss_mask) for s in every]
-        tokens = measured["tokens"]
-        return {
-            "loss": measured["loss"],
-            "grad_norm": grad_norm,
-            "clip_fraction": measured["clipped"] / max(1.0, tokens),
-            "mean_ratio": measured["ratio_sum"] / tokens if tokens else math.nan,  # none scored
-            # the policy's entropy at the tokens it trained on (nats per token)
-            "entropy": measured["entropy_sum"] / tokens if tokens else math.nan,
-            # the KL estimate to the reference per trained token (kl_coef > 0 only)
-            "kl": measured["kl_sum"] / tokens if tokens and self.reference else math.nan,
-            # |log p_trainer - log p_engine| per trained token: staleness and numerics
-            "mismatch_mean": measured["mismatch_sum"] / tokens if tokens else math.nan,
-            "mismatch_max": measured["mismatch_max"] if tokens else math.nan,
-            # the model's own tokens per trajectory (every reply of it), as peers log them
-            "response_length_mean": float(np.mean(lengths)),
-            "response_length_max": float(max(lengths)),
-            "trained_tokens": tokens,
-            "batch_tokens": measured["batch_tokens"],
-            "skipped_trajectories": float(len(samples) - measured["scored_trajectories"]),
-            "overlong_masked": measured["overlong_masked"],
-            "env_failures": float(len(every) - len(samples)),
-            "reward_mean": float(np.mean(rewards)),
-            "reward_std": float(np.std(rewards)),
-            "success_rate": float(np.mean([s.success for s in every])),
-            "seconds": time.perf_counter() - t0,
-        }
-
-    def backward(self, samples: list[TrainSample]) -> dict[str, float]:
-        """The GRPO loss of ``samples`` (``pearl.live.grpo``, the configured variant) and its
-        gradient in the parameters' ``.grad`` (zeroed first); no optimizer step. Returns the
-        loss and what it counted, over every process's share."""
         cfg = self.config
         advantage = advantages(
             [s.reward for s in samples],
@@ -388,6 +391,89 @@ class GRPOTrainer:
             cfg.advantage_estimator,
             cfg.scale_rewards,
         )
+        minis = mini_batches(samples, cfg.mini_batches)
+        # Several updates a step: every one's ratio is against the step's starting weights.
+        old = self.score(samples) if cfg.ppo_epochs * len(minis) > 1 else None
+        totals: dict[str, float] = {}
+        norms: list[float] = []
+        for epoch in range(cfg.ppo_epochs):
+            for mini in minis:
+                measured = self.backward(
+                    [samples[i] for i in mini],
+                    [advantage[i] for i in mini],
+                    None if old is None else [old[i] for i in mini],
+                )
+                if measured["scored_trajectories"]:
+                    norms.append(self._clip_and_step(batch.step))
+                for key, value in measured.items():
+                    if key == "mismatch_max":
+                        totals[key] = max(totals.get(key, 0.0), value)
+                    elif epoch == 0 or key not in ("batch_tokens", "overlong_masked"):
+                        totals[key] = totals.get(key, 0.0) + value
+        self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
+        rewards = [s.reward for s in every]
+        lengths = [sum(s.loss_mask) for s in every]
+        tokens = totals["tokens"]  # over every update
+        updates = cfg.ppo_epochs * len(minis)
+        return {
+            "loss": totals["loss"] / updates,  # the updates' mean
+            "grad_norm": float(np.mean(norms)) if norms else 0.0,
+            "updates": float(len(norms)),
+            "clip_fraction": totals["clipped"] / max(1.0, tokens),
+            "mean_ratio": totals["ratio_sum"] / tokens if tokens else math.nan,  # none scored
+            # the policy's entropy at the tokens it trained on (nats per token)
+            "entropy": totals["entropy_sum"] / tokens if tokens else math.nan,
+            # the KL estimate to the reference per trained token (kl_coef > 0 only)
+            "kl": totals["kl_sum"] / tokens if tokens and cfg.kl_coef > 0 else math.nan,
+            # |log p_trainer - log p_engine| per trained token: staleness and numerics
+            "mismatch_mean": totals["mismatch_sum"] / tokens if tokens else math.nan,
+            "mismatch_max": totals["mismatch_max"] if tokens else math.nan,
+            # the model's own tokens per trajectory (every reply of it), as peers log them
+            "response_length_mean": float(np.mean(lengths)),
+            "response_length_max": float(max(lengths)),
+            "trained_tokens": tokens / cfg.ppo_epochs,  # the batch's, once
+            "batch_tokens": totals["batch_tokens"],
+            "skipped_trajectories": float(len(samples))
+            - totals["scored_trajectories"] / cfg.ppo_epochs,
+            "overlong_masked": totals["overlong_masked"],
+            "env_failures": float(len(every) - len(samples)),
+            "reward_mean": float(np.mean(rewards)),
+            "reward_std": float(np.std(rewards)),
+            "success_rate": float(np.mean([s.success for s in every])),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def _clip_and_step(self, step: int) -> float:
+        """Clip the gradient's norm and take an optimizer step; the norm before clipping."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        grad_norm = float(self._full(norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"train step {step}: gradient norm is {grad_norm}")
+        self.optimizer.step()
+        return grad_norm
+
+    def backward(
+        self,
+        samples: list[TrainSample],
+        advantage: list[float] | None = None,
+        old: list[list[float]] | None = None,
+    ) -> dict[str, float]:
+        """The GRPO loss of ``samples`` (``pearl.live.grpo``, the configured variant) and its
+        gradient in the parameters' ``.grad`` (zeroed first); no optimizer step. Returns the
+        loss and what it counted, over every process's share. ``advantage``: the samples'
+        (default: computed from these samples alone); ``old``: the log-probabilities to
+        take the ratio against, aligned with each sample's tokens (``score``'s output;
+        default: the engine's behaviour log-probabilities, or with ``recompute_logprobs``
+        the current weights')."""
+        cfg = self.config
+        if advantage is None:
+            advantage = advantages(
+                [s.reward for s in samples],
+                [s.group for s in samples],
+                cfg.advantage_estimator,
+                cfg.scale_rewards,
+            )
         overlong = [cfg.mask_overlong and s.stop_reason == STOP_CONTEXT_FULL for s in samples]
         counts = [
             0 if cut else sum(s.loss_mask[1:]) for s, cut in zip(samples, overlong, strict=True)
@@ -418,20 +504,25 @@ class GRPOTrainer:
             # engine's for the weights that sampled (older by the staleness, and another
             # implementation): what the mismatch metrics report.
             gap = (logprobs.detach() - behaviour).abs()
-            old, is_weights = behaviour, None
-            if cfg.recompute_logprobs:  # one update a batch: the step's own = these
-                old = logprobs.detach()
-                is_weights = truncated_is_weights(old, behaviour, cfg.tis_cap)
+            ratio_base, is_weights = behaviour, None
+            if old is not None:  # the step's own, scored before its first update
+                where = zip(part.sample.tolist(), part.offsets.tolist(), strict=True)
+                ratio_base = torch.tensor(
+                    [old[i][t] for i, t in where], dtype=torch.float32, device=self.device
+                ).unsqueeze(1)
+            elif cfg.recompute_logprobs:  # one update a batch: the step's own = these
+                ratio_base = logprobs.detach()
+            if cfg.recompute_logprobs:
+                is_weights = truncated_is_weights(ratio_base, behaviour, cfg.tis_cap)
             kl = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref = self._token_logprobs(part, scorer=self.reference).unsqueeze(1)
+            if cfg.kl_coef > 0:
+                ref = self._reference_logprobs(part).unsqueeze(1)
                 kl = kl_per_token(logprobs, ref, cfg.kl_estimator)
                 if cfg.kl_ratio_correction:
                     kl = kl * torch.exp(logprobs - part.behaviour.to(self.device).unsqueeze(1))
             loss, stats = clipped_token_loss(
                 logprobs,
-                old,
+                ratio_base,
                 per_sample[part.sample].to(self.device),
                 ones,
                 clip,
@@ -483,9 +574,16 @@ class GRPOTrainer:
         }
 
     # -- weights, devices, checkpoints ----------------------------------------------------
+    def _whole_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter as a whole tensor (gathered when sharded: a collective)."""
+        return {n: self._full(p.detach()) for n, p in self.model.named_parameters()}
+
     def weights(self) -> tuple[int, dict[str, np.ndarray]]:
-        """(version, weights as numpy arrays) for the rollout workers."""
-        weights = {n: self._full(p.detach()) for n, p in self.model.named_parameters()}
+        """(version, weights as numpy arrays) for the rollout workers: with LoRA, the base
+        weights with the adapters merged in."""
+        weights = self._whole_weights()
+        if self.adapted:
+            weights = merged_weights(self.model, weights)
         if self.rank:
             return self.version, {}  # rank 0 publishes; the others took part in gathering
         return self.version, {n: w.cpu().numpy().copy() for n, w in weights.items()}
@@ -517,9 +615,12 @@ class GRPOTrainer:
         failed write raises at the next ``save``, ``save_async`` or ``flush``."""
         self.flush()
         names = {id(p): n for n, p in self.model.named_parameters()}
-        weights = {
-            n: self._full(p.detach()).cpu().clone() for n, p in self.model.named_parameters()
-        }
+        weights = {n: t.cpu().clone() for n, t in self._whole_weights().items()}
+        adapter = None
+        if self.adapted:
+            assert self.config.lora is not None
+            adapter = adapter_files(self.config.lora, weights, self.base_model, self.adapted)
+            weights = merged_weights(self.model, weights)
         moments: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for group in self.optimizer.param_groups:
@@ -539,7 +640,7 @@ class GRPOTrainer:
 
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._pending = self._writer.submit(
-            _write_checkpoint, Path(folder), self.model.config, weights, moments, meta
+            _write_checkpoint, Path(folder), self.model.config, weights, moments, meta, adapter
         )
         self._last_saved = (Path(folder), self.version)
 
@@ -554,7 +655,8 @@ class GRPOTrainer:
                 raise
 
     def load(self, folder: str | Path) -> None:
-        """Restore weights, optimizer moments and the version from ``save``'s folder."""
+        """Restore weights, optimizer moments and the version from ``save``'s folder (with
+        LoRA: the adapters, on the base weights this trainer started from)."""
         from safetensors.torch import load_file
 
         from pearl.models.loader import load_state_dict, read_safetensors_folder
@@ -567,8 +669,22 @@ class GRPOTrainer:
             moments = load_file(str(folder / "optimizer" / "moments.safetensors"))
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{folder}: not a trainer checkpoint ({exc})") from None
-        load_state_dict(self.model, read_safetensors_folder(folder), source=str(folder))
         named = dict(self.model.named_parameters())
+        if self.adapted:
+            try:
+                adapters = read_adapters(folder / "adapter")
+            except OSError:
+                raise CheckpointError(
+                    f"{folder}: no adapter/ folder: not a checkpoint of a LoRA run (resume it "
+                    "without trainer.lora, or start from its model folder as model.name)"
+                ) from None
+            with torch.no_grad():
+                for name in (f"{m}.lora_{ab}" for m in self.adapted for ab in "AB"):
+                    if name not in adapters or adapters[name].shape != named[name].shape:
+                        raise CheckpointError(f"{folder}: adapter {name} missing or reshaped")
+                    named[name].copy_(adapters[name])
+        else:
+            load_state_dict(self.model, read_safetensors_folder(folder), source=str(folder))
         for name, step in meta.get("steps", {}).items():
             if name not in named:
                 raise CheckpointError(f"{folder}: optimizer state for unknown tensor {name!r}")
@@ -586,9 +702,11 @@ def _write_checkpoint(
     weights: dict[str, torch.Tensor],
     moments: dict[str, torch.Tensor],
     meta: dict[str, Any],
+    adapter: tuple[dict[str, torch.Tensor], str] | None = None,
 ) -> None:
     """``GRPOTrainer.save``'s files from a snapshot: a model folder engines can load, with
-    the optimizer in a subfolder; whole or not at all (temp folder, then rename)."""
+    the optimizer in a subfolder (and LoRA's adapters in ``adapter/``, PEFT's format);
+    whole or not at all (temp folder, then rename)."""
     import shutil
 
     from safetensors.torch import save_file
@@ -603,6 +721,10 @@ def _write_checkpoint(
         (tmp / "optimizer").mkdir()
         save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
         (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
+        if adapter is not None:
+            (tmp / "adapter").mkdir()
+            save_file(adapter[0], str(tmp / "adapter" / "adapter_model.safetensors"))
+            (tmp / "adapter" / "adapter_config.json").write_text(adapter[1])
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)

@@ -84,6 +84,25 @@ class TrainRolloutSection(_Section):
     )
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class TrainLoRASection(_Section):
+    """Low-rank adapters on the frozen model (``pearl.live.lora``); rank 0: off."""
+
+    rank: int = Field(
+        0, ge=0, le=4096, description="adapter rank (0: train every weight; 16 is common)"
+    )
+    alpha: float = Field(
+        32.0, gt=0, le=1e6, description="the adapters' scale is alpha / rank (peft's lora_alpha)"
+    )
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        list(LORA_TARGETS),
+        min_length=1,
+        description="the decoder layers' linear layers that get adapters (default: all)",
+    )
+
+
 class TrainTrainerSection(_Section):
     """The GRPO step; the variants' names and sources are in ``pearl.live.grpo``."""
 
@@ -136,6 +155,17 @@ class TrainTrainerSection(_Section):
     )
     tis_cap: float = Field(
         3.0, ge=1, le=1000, description="the importance weight's cap (TRL's default 3.0)"
+    )
+    lora: TrainLoRASection = Field(default_factory=TrainLoRASection)
+    ppo_epochs: int = Field(
+        1, ge=1, le=64, description="passes over each batch (TRL num_iterations, verl ppo_epochs)"
+    )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="optimizer steps per pass, each on its share of the batch's groups; with "
+        "more than one update a step the ratio is against the step's starting weights",
     )
     kl_ratio_correction: bool = Field(
         False,
@@ -363,6 +393,16 @@ class TrainConfig(_Section):
                 f"{most} (rollout.workers={self.rollout.workers}, "
                 f"{self.cluster.preemptible_workers} preemptible). Set rollout.workers=2, or "
                 "give preemptible workers (cluster.preemptible_workers and cluster.availability)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mini_batches_have_groups(self) -> TrainConfig:
+        if self.trainer.mini_batches > self.rollout.tasks_per_step:
+            raise ValueError(
+                f"trainer.mini_batches={self.trainer.mini_batches} splits a batch of "
+                f"rollout.tasks_per_step={self.rollout.tasks_per_step} groups: a mini-batch "
+                "holds whole groups, so set mini_batches to at most tasks_per_step"
             )
         return self
 

@@ -51,7 +51,8 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         **staleness(rec.tokens_by_version, version - 1),
         "weight_version": version,
         "loss": stats.get("loss", math.nan),
-        "grad_norm": stats.get("grad_norm", math.nan),
+        "grad_norm": stats.get("grad_norm", math.nan),  # the step's updates' mean
+        "updates": int(stats.get("updates", 0)),  # optimizer steps (ppo_epochs x mini_batches)
         "clip_fraction": stats.get("clip_fraction", math.nan),
         "mean_ratio": stats.get("mean_ratio", math.nan),
         "entropy": stats.get("entropy", math.nan),

@@ -551,6 +551,7 @@ class _StopOnSignals:
 def trainer_config(cfg: TrainConfig) -> TrainerConfig:
     """What the trainer processes are given: the trainer section, and the rollout's
     sampling (the behaviour log-probabilities' distribution)."""
+    from pearl.live.lora import LoRAConfig
     from pearl.live.trainer import TrainerConfig  # noqa: F811 (torch only where it runs)
 
     t = cfg.trainer
@@ -568,6 +569,11 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
         mask_overlong=t.mask_overlong,
         recompute_logprobs=t.recompute_logprobs,
         tis_cap=t.tis_cap,
+        lora=LoRAConfig(t.lora.rank, t.lora.alpha, tuple(t.lora.target_modules))
+        if t.lora.rank
+        else None,
+        ppo_epochs=t.ppo_epochs,
+        mini_batches=t.mini_batches,
         max_grad_norm=t.max_grad_norm,
         micro_batch_tokens=t.micro_batch_tokens,
         temperature=cfg.rollout.temperature,
