@@ -83,7 +83,21 @@ def common(args) -> dict:
         "clip_eps": 0.2,
         "max_grad_norm": 1.0,
         "steps": args.steps,
+        "variant": args.variant,
     }
+
+
+def variant(settings: dict, task: str) -> tuple[dict, list[str]]:
+    """The loss variant on both sides: TRL's GRPOConfig fields and PEARL's overrides (the
+    pairs `tests/live/test_grpo_vs_trl.py` checks give the same loss and gradient)."""
+    if settings["variant"] == "default":  # TRL's defaults: dapo = our token-mean, group std
+        return {}, []
+    budget = settings["max_new_tokens"] * TASKS[task]["max_turns"]  # TRL's completion cap
+    return {"loss_type": "dr_grpo", "scale_rewards": "none"}, [
+        "trainer.loss_agg_mode=seq-mean-token-sum-norm",
+        "trainer.scale_rewards=none",
+        f"trainer.loss_norm_tokens={budget}",
+    ]
 
 
 def model_folder(task: str) -> Path:
@@ -119,6 +133,7 @@ def run_pearl(settings: dict, task: str, steps: int | None = None) -> dict:
         "run.eval_tasks=0",
         "run.checkpoint_every=1",
         f"run.run_dir={scratch('pearl-run-')}",
+        *variant(settings, task)[1],
     ]
     out = TrainRun(load_train_config(None, overrides)).run()
     run_dir = Path(out["run_dir"])
@@ -277,6 +292,7 @@ def run_trl(settings: dict, threads: int, task: str, micro_batch: int = 0) -> di
         shuffle_dataset=False,
         dataloader_num_workers=0,
         seed=0,
+        **variant(settings, task)[0],
     )
     curve: list[tuple[float, float]] = []
     calls: list[float] = []
@@ -348,6 +364,13 @@ def parse() -> argparse.Namespace:
         type=int,
         default=0,
         help="TRL's per-device batch (gradient accumulation to the step's batch; 0: whole)",
+    )
+    parser.add_argument(
+        "--variant",
+        choices=("default", "dr_grpo"),
+        default="default",
+        help="the loss on both sides: each one's default (token-mean, group std) or Dr. GRPO "
+        "(TRL loss_type dr_grpo, scale_rewards none = PEARL seq-mean-token-sum-norm, none)",
     )
     parser.add_argument("--out", default="results/train_vs_trl.json")
     return parser.parse_args()

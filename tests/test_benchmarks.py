@@ -58,6 +58,23 @@ def test_trl_multi_turn_side_gets_the_same_tool_and_prompts():
     assert '"name": "calculate"' in shown[2] and shown[3].startswith("<tool_response>")
 
 
+@pytest.mark.parametrize("task", ["single", "multi"])
+def test_the_dr_grpo_variant_sets_the_same_loss_on_both_sides(task):
+    """``--variant dr_grpo``: TRL's loss_type and scaling, and PEARL's overrides that
+    tests/live/test_grpo_vs_trl.py pairs with them (normalizer: TRL's completion cap)."""
+    from pearl.apps.train.config import load_train_config
+
+    bench = load("train_vs_trl")
+    settings = {"variant": "dr_grpo", "max_new_tokens": bench.TURN_TOKENS}
+    trl, ours = bench.variant(settings, task)
+    assert trl == {"loss_type": "dr_grpo", "scale_rewards": "none"}
+    trainer = load_train_config(None, ours).trainer
+    assert (trainer.loss_agg_mode, trainer.scale_rewards) == ("seq-mean-token-sum-norm", "none")
+    cap = bench.TURN_TOKENS * bench.TASKS[task]["max_turns"]
+    assert trainer.loss_norm_tokens == cap
+    assert bench.variant({**settings, "variant": "default"}, task) == ({}, [])
+
+
 def test_replay_rebuilds_a_steps_rollout_from_its_token_counts():
     bench = load("train_live_vs_sim")
     step = {

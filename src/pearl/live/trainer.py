@@ -441,7 +441,18 @@ class GRPOTrainer:
             "reward_std": float(np.std(rewards)),
             "success_rate": float(np.mean([s.success for s in every])),
             "seconds": time.perf_counter() - t0,
+            "memory_mb": self.peak_memory_mb(),
         }
+
+    def peak_memory_mb(self) -> float:
+        """The most memory this process has held: on a GPU the device memory PyTorch
+        allocated, on CPU the process's peak resident set (weights, gradients, optimizer,
+        activations and everything else it loaded)."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     def _clip_and_step(self, step: int) -> float:
         """Clip the gradient's norm and take an optimizer step; the norm before clipping."""

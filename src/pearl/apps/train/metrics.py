@@ -53,6 +53,7 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "loss": stats.get("loss", math.nan),
         "grad_norm": stats.get("grad_norm", math.nan),  # the step's updates' mean
         "updates": int(stats.get("updates", 0)),  # optimizer steps (ppo_epochs x mini_batches)
+        "trainer_memory_mb": stats.get("memory_mb", math.nan),  # rank 0's peak (GPU or RSS)
         "clip_fraction": stats.get("clip_fraction", math.nan),
         "mean_ratio": stats.get("mean_ratio", math.nan),
         "entropy": stats.get("entropy", math.nan),
