@@ -2,6 +2,7 @@
 the control plane's router and pipeline, episodes of the calculator task, weight sync,
 metrics, checkpoints and resume."""
 
+import asyncio
 import json
 import os
 import shlex
@@ -391,10 +392,19 @@ def test_shipped_train_config_validates():
     from pathlib import Path
 
     from pearl.apps.train.config import load_train_config
+    from pearl.envs import make_env
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_train_config(root / "configs" / "train_smollm.yaml")
     assert cfg.model.name == "smollm2-135m" and cfg.env.name == "calculator"
+    shipped = sorted((root / "configs").glob("train_*.yaml"))
+    assert len(shipped) >= 2
+    for path in shipped:  # each loads, and its environment is made from its options
+        cfg = load_train_config(path)
+        env = make_env(cfg.env.name, **cfg.env.options)
+        assert asyncio.run(env.reset(0))
+    variant = load_train_config(root / "configs" / "train_rgym_drgrpo.yaml").trainer
+    assert (variant.loss_agg_mode, variant.scale_rewards) == ("seq-mean-token-sum-norm", "none")
 
 
 @pytest.mark.slow
