@@ -418,21 +418,28 @@ def test_shipped_train_config_validates():
         "agent env.options.agent=pearl.agents.examples.calculator:solve "
         "env.options.kwargs.tool_format=tag",
         "agent env.options.agent=pearl.agents.examples.calculator_agents_sdk:solve",
+        "-c configs/train_rgym_drgrpo.yaml",
+        "calculator trainer.lora.rank=16 trainer.learning_rate=1e-4",
+        "calculator trainer.ppo_epochs=2 trainer.mini_batches=2",
     ],
 )
 def test_pearl_train_on_smollm2_through_the_cli(env, tmp_path):
-    """The README's main job, shortened: the real model, every environment the README
-    shows, via the CLI."""
+    """The README's main job, shortened: the real model, every environment, shipped
+    training config and trainer variant the README shows, via the CLI."""
     from typer.testing import CliRunner
 
     from pearl.cli import app
 
     name, *options = env.split()
+    if name == "-c":  # a shipped config, from the repository's root
+        first = ["-c", str(Path(__file__).resolve().parents[2] / options.pop(0))]
+    else:
+        first = [f"env.name={name}"]
     result = CliRunner().invoke(
         app,
         [
             "train",
-            f"env.name={name}",
+            *first,
             *options,
             "run.steps=2",
             "run.eval_tasks=4",
