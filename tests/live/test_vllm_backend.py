@@ -406,6 +406,7 @@ def test_kv_folders_of_dead_vllm_servers_are_removed_and_live_ones_kept(tmp_path
         ("pearl-ungated", "calculator"),
         ("pearl", "calculator"),
         ("static-pd", "agent"),
+        ("roll", "calculator-lora"),
     ],
 )
 def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, env):
@@ -415,7 +416,8 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, env):
     prefill and a decode vLLM worker; ``pearl`` also borrows the trainer's slot between
     updates when its gate says so (a third vLLM worker, asleep between its rounds). With
     ``env=agent`` the turns are an unmodified ``openai``-SDK agent's calls to the endpoint,
-    prefilled and decoded on different vLLM workers."""
+    prefilled and decoded on different vLLM workers; with LoRA the trainer sends merged
+    weights, which vLLM installs like any others."""
     import json
 
     from pearl.apps.train.config import load_train_config
@@ -435,6 +437,8 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, env):
         f"run.run_dir={tmp_path}",
         "run.run_name=vllm",
     ]
+    if env == "calculator-lora":  # the trainer sends vLLM the adapters merged in
+        overrides += ["trainer.lora.rank=4", "trainer.learning_rate=1e-4"]
     if env == "agent":
         overrides += [
             "env.name=agent",
