@@ -251,3 +251,16 @@ def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
         300,
     )
     assert memory["peak_mb"] > 0
+
+
+def test_trainer_memory_batch_scores_every_trajectory():
+    """The memory benchmark's batch: 8 groups of 4 whose rewards differ within each group,
+    so no trajectory is skipped and every variant does the same work."""
+    from pearl.live.grpo import advantages
+
+    bench = load("trainer_memory")
+    batch = bench.synthetic_batch(1000)
+    samples = batch.samples
+    assert len(samples) == 32 and len({s.group for s in samples}) == 8
+    assert all(a != 0 for a in advantages([s.reward for s in samples], [s.group for s in samples]))
+    assert set(bench.VARIANTS) == {"full", "full + KL", "LoRA", "LoRA + KL"}
