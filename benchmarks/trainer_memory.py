@@ -7,9 +7,11 @@ Each variant runs in a fresh process (peak memory is a process's high-water mark
 ``GRPOTrainer`` on SmolLM2-135M-Instruct takes ``--steps`` steps on the same synthetic
 batch (8 groups of 4 single-turn trajectories: a 150-token prompt per group, 24-48-token
 replies, rewards that differ within each group so every trajectory is scored, behaviour
-log-probabilities moved off the model's own). Reported per variant: the process's peak
-resident set after the model is built (before any step) and after the steps, and the
-median step time. The KL reference is a frozen copy of the weights for full fine-tuning,
+log-probabilities moved off the model's own). Reported per variant: the training state's
+bytes (weights, gradients, AdamW moments, the KL reference's weights: exact, from the
+tensors), the process's peak resident set after the model is built and after the steps
+(what the operating system saw; the allocator reuses freed pages, so a copy made after a
+larger transient may not raise it), and the median step time. The KL reference is a frozen copy of the weights for full fine-tuning,
 the base model with the adapters switched off for LoRA. Writes
 ``results/trainer_memory.json``.
 """
@@ -70,9 +72,11 @@ def measure(name: str, steps: int, rank: int, queue) -> None:
         t0 = time.perf_counter()
         stats = trainer.train_step(batch)
         seconds.append(time.perf_counter() - t0)
+    state = trainer.state_bytes()
     queue.put(
         {
             "variant": name,
+            "state_gib": {k: v / 2**30 for k, v in state.items()},
             "peak_after_build_gib": built,
             "peak_gib": stats["memory_mb"] / 1024,
             "step_s_median": statistics.median(seconds),
@@ -97,11 +101,17 @@ def main() -> None:
         proc.join()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print("| variant | peak RSS after build | peak RSS after steps | step s (median) |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| variant | weights | gradients | optimizer | KL reference | peak RSS after build | "
+        "peak RSS after steps | step s (median) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
+        st = r["state_gib"]
         print(
-            f"| {r['variant']} | {r['peak_after_build_gib']:.2f} GiB | {r['peak_gib']:.2f} GiB | "
+            f"| {r['variant']} | {st['weights']:.2f} GiB | {st['gradients']:.3f} GiB | "
+            f"{st['optimizer']:.3f} GiB | {st['reference']:.2f} GiB | "
+            f"{r['peak_after_build_gib']:.2f} GiB | {r['peak_gib']:.2f} GiB | "
             f"{r['step_s_median']:.1f} |"
         )
 

@@ -176,3 +176,16 @@ def test_a_random_models_adapted_modules_are_named_as_in_hugging_face():
         "model.layers.1.self_attn.q_proj",
         "model.layers.1.mlp.down_proj",
     ]
+
+
+def test_the_training_state_counts_what_each_variant_holds():
+    full = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig(kl_coef=0.1))
+    lora = lora_trainer(kl_coef=0.1)
+    for t in (full, lora):
+        t.train_step(batch())
+    a, b = full.state_bytes(), lora.state_bytes()
+    assert a["reference"] == a["weights"] > 0 and b["reference"] == 0  # LoRA: the base is it
+    assert a["optimizer"] == 2 * a["gradients"] == 2 * a["weights"]  # AdamW's two moments
+    adapters = sum(p.numel() * 4 for p in lora.model.parameters() if p.requires_grad)
+    assert b["gradients"] == adapters and b["optimizer"] == 2 * adapters
+    assert b["weights"] == a["weights"] + adapters

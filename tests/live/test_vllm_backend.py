@@ -133,6 +133,10 @@ def smollm2():
 
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
 def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
+    import os
+    import re
+    import tempfile
+
     import numpy as np
 
     from pearl.control.interfaces import TrainSample, TurnRequest
@@ -141,7 +145,16 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
     from pearl.live.trainer import GRPOTrainer, TrainerConfig
     from pearl.live.vllm_server import VllmServer
 
+    def litter() -> set[str]:  # what a killed vLLM engine used to leave in the temp dir
+        pattern = re.compile(
+            r"^(vllm_dist_[0-9a-f]{32}|[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12})$"
+        )
+        return {n for n in os.listdir(tempfile.gettempdir()) if pattern.match(n)}
+
+    before = litter()
     server = VllmServer("v0", ModelSpec(folder=smollm2), EngineConfig(max_model_len=512))
+    assert litter() <= before  # its sockets and file store are in its own folder
+    assert tempfile.gettempdir() != server._kv_dir  # and this process's temp dir is as it was
     trainer = GRPOTrainer(ModelSpec(folder=smollm2), TrainerConfig(temperature=0.7))
     prompt = [1, 9690, 198, 2683, 314, 253, 5356, 30, 2, 198, 1, 4093, 198]
 

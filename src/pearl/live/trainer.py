@@ -444,6 +444,28 @@ class GRPOTrainer:
             "memory_mb": self.peak_memory_mb(),
         }
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the training state this process holds (its shard, when sharded): the
+        weights, their gradients, AdamW's moments and the KL reference's weights."""
+
+        def size(tensors) -> int:
+            total = 0
+            for t in tensors:
+                local = getattr(t, "to_local", None)
+                t = local() if local is not None else t
+                total += t.numel() * t.element_size()
+            return total
+
+        params = list(self.model.parameters())
+        moments = [v for st in self.optimizer.state.values() for v in st.values() if v.dim()]
+        reference = self.reference.parameters() if self.reference is not None else []
+        return {
+            "weights": size(params),
+            "gradients": size(p.grad for p in params if p.grad is not None),
+            "optimizer": size(moments),
+            "reference": size(reference),
+        }
+
     def peak_memory_mb(self) -> float:
         """The most memory this process has held: on a GPU the device memory PyTorch
         allocated, on CPU the process's peak resident set (weights, gradients, optimizer,

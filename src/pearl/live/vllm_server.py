@@ -26,6 +26,7 @@ the worker process; it is installed in its own venv (``scripts/vllm_env.sh``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
 import itertools
 import logging
@@ -33,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -88,7 +90,8 @@ class VllmServer:
         # With stats on, vLLM adds its console logger (throughput every few seconds) only
         # when its loggers module logs at INFO: the run's own log says what matters.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
-        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
+        with _scratch_in(self._kv_dir):
+            self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
         self._block_size = self.engine.vllm_config.cache_config.block_size
         self._running: set[str] = set()
         self._contexts: dict[str, int] = {}  # running turns' contexts (prompt + streamed)
@@ -515,6 +518,26 @@ def _kv_folder(worker_id: str, where: str | None = None) -> str:
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"pearl-kv-{os.getpid()}-{worker_id}-", dir=where)
+
+
+@contextlib.contextmanager
+def _scratch_in(folder: str) -> Iterator[None]:
+    """While vLLM's engine starts: its IPC sockets (``VLLM_RPC_BASE_PATH``) and its process
+    group's file store (``tempfile``, in the engine process it starts now) go in
+    ``folder``, which goes with the server (``shutdown``, or the next server once this
+    process is gone), instead of the temporary directory, where a killed engine left them."""
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["VLLM_RPC_BASE_PATH"] = folder  # read when vLLM opens a socket
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = None  # read TMPDIR again (a forked engine process inherits this)
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+        tempfile.tempdir = saved[1]
 
 
 SHARED_MIN_FREE_BYTES = 4 << 30  # sessions' KV files and a model's weights in transit
