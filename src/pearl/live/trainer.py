@@ -414,9 +414,8 @@ class GRPOTrainer:
         rewards = [s.reward for s in every]
         lengths = [sum(s.loss_mask) for s in every]
         tokens = totals["tokens"]  # over every update
-        updates = cfg.ppo_epochs * len(minis)
         return {
-            "loss": totals["loss"] / updates,  # the updates' mean
+            "loss": totals["loss"] / max(1, len(norms)),  # the mean over updates that stepped
             "grad_norm": float(np.mean(norms)) if norms else 0.0,
             "updates": float(len(norms)),
             "clip_fraction": totals["clipped"] / max(1.0, tokens),
@@ -533,10 +532,6 @@ class GRPOTrainer:
             logprobs = self._token_logprobs(part, entropy).unsqueeze(1)  # [N, 1]: a token a row
             ones = torch.ones_like(logprobs)
             behaviour = part.behaviour.to(self.device).unsqueeze(1)
-            # The trainer's numbers for the weights that start the step, against the
-            # engine's for the weights that sampled (older by the staleness, and another
-            # implementation): what the mismatch metrics report.
-            gap = (logprobs.detach() - behaviour).abs()
             ratio_base, is_weights = behaviour, None
             if old is not None:  # the step's own, scored before its first update
                 where = zip(part.sample.tolist(), part.offsets.tolist(), strict=True)
@@ -547,6 +542,11 @@ class GRPOTrainer:
                 ratio_base = logprobs.detach()
             if cfg.recompute_logprobs:
                 is_weights = truncated_is_weights(ratio_base, behaviour, cfg.tis_cap)
+            # The mismatch metrics: the trainer's numbers for the weights that start the
+            # step, against the engine's for the weights that sampled (older by the
+            # staleness, and another implementation).
+            start = ratio_base if old is not None else logprobs.detach()
+            gap = (start - behaviour).abs()
             kl = None
             if cfg.kl_coef > 0:
                 ref = self._reference_logprobs(part).unsqueeze(1)

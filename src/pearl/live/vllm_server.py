@@ -526,18 +526,19 @@ def _scratch_in(folder: str) -> Iterator[None]:
     group's file store (``tempfile``, in the engine process it starts now) go in
     ``folder``, which goes with the server (``shutdown``, or the next server once this
     process is gone), instead of the temporary directory, where a killed engine left them."""
-    saved = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["VLLM_RPC_BASE_PATH"] = folder  # read when vLLM opens a socket
-    os.environ["TMPDIR"] = folder
+    names = ("TMPDIR", "VLLM_RPC_BASE_PATH")
+    saved, saved_tempdir = {n: os.environ.get(n) for n in names}, tempfile.tempdir
+    os.environ.update(dict.fromkeys(names, folder))
     tempfile.tempdir = None  # read TMPDIR again (a forked engine process inherits this)
     try:
         yield
     finally:
-        if saved[0] is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved[0]
-        tempfile.tempdir = saved[1]
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        tempfile.tempdir = saved_tempdir
 
 
 SHARED_MIN_FREE_BYTES = 4 << 30  # sessions' KV files and a model's weights in transit
