@@ -346,18 +346,6 @@ def test_a_failed_background_write_raises_at_the_next_save(tmp_path):
     assert (tmp_path / "v0" / "optimizer" / "trainer.json").is_file()
 
 
-@pytest.fixture(scope="module")
-def three_slots():
-    ray = pytest.importorskip("ray")
-    from pearl.live.cluster import ensure_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ensure_ray(num_cpus=3)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("updates", [(1, 1), (2, 2)], ids=["one-update", "epochs-mini-batches"])
 def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path, updates):
     """FSDP2 over two Ray actors (gloo): each process trains on its share of the groups

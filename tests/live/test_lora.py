@@ -124,18 +124,6 @@ def test_lora_config_is_checked():
     assert LORA_TARGETS == ALL_LINEAR  # the config's choices are the layers LoRA knows
 
 
-@pytest.fixture
-def three_slots():
-    ray = pytest.importorskip("ray")
-    from pearl.live.cluster import ensure_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ensure_ray(num_cpus=3)
-    yield ray
-    ray.shutdown()
-
-
 def test_two_lora_trainer_processes_take_the_same_steps_as_one(three_slots):
     """FSDP2 shards frozen weights and adapters alike; the merged weights the two publish
     equal one process's."""

@@ -615,10 +615,10 @@ class GRPOTrainer:
         """(version, weights as numpy arrays) for the rollout workers: with LoRA, the base
         weights with the adapters merged in."""
         weights = self._whole_weights()
-        if self.adapted:
-            weights = merged_weights(self.model, weights)
         if self.rank:
             return self.version, {}  # rank 0 publishes; the others took part in gathering
+        if self.adapted:
+            weights = merged_weights(self.model, weights)
         return self.version, {n: w.cpu().numpy().copy() for n, w in weights.items()}
 
     def where(self) -> dict[str, Any]:
@@ -649,11 +649,6 @@ class GRPOTrainer:
         self.flush()
         names = {id(p): n for n, p in self.model.named_parameters()}
         weights = {n: t.cpu().clone() for n, t in self._whole_weights().items()}
-        adapter = None
-        if self.adapted:
-            assert self.config.lora is not None
-            adapter = adapter_files(self.config.lora, weights, self.base_model, self.adapted)
-            weights = merged_weights(self.model, weights)
         moments: dict[str, torch.Tensor] = {}
         steps: dict[str, float] = {}
         for group in self.optimizer.param_groups:
@@ -667,6 +662,11 @@ class GRPOTrainer:
         if self.rank:  # it took part in gathering; rank 0 writes
             self._last_saved = (Path(folder), self.version)
             return
+        adapter = None
+        if self.adapted:
+            assert self.config.lora is not None
+            adapter = adapter_files(self.config.lora, weights, self.base_model, self.adapted)
+            weights = merged_weights(self.model, weights)
         meta = {"version": self.version, "steps": steps, "config": asdict(self.config)}
         if self._writer is None:
             from concurrent.futures import ThreadPoolExecutor
