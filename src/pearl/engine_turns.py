@@ -7,6 +7,7 @@ same engine scheduler, so a turn becomes the same ``Request`` and its output the
 
 from __future__ import annotations
 
+from pearl.token_runs import TokenRuns
 from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry
 from pearl.engine.sequence import Request, RequestOutput, Role, SamplingParams
 
@@ -24,7 +25,7 @@ def engine_request(turn: TurnRequest, pin_session: bool = True) -> Request:
     )
     # No copy here: the engine's Sequence copies the prompt, and a turn's context is never
     # mutated once sent (the agent loop builds a new list per turn).
-    ids = turn.token_ids if isinstance(turn.token_ids, list) else list(turn.token_ids)
+    ids = turn.token_ids if isinstance(turn.token_ids, (list, TokenRuns)) else list(turn.token_ids)
     return Request(turn.request_id, ids, sampling, turn.session_id, pin_session)
 
 

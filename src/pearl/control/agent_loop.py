@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pearl.control.interfaces import Clock, TrainSample, TurnOutput, TurnRequest
 from pearl.control.router import Router
+from pearl.token_runs import TokenRuns
 from pearl.workloads.batch import Trajectory
 from pearl.workloads.token_ids import observation_token_ids
 
@@ -82,6 +83,9 @@ class AgentLoopConfig:
     # log-probabilities (the simulator, where nothing trains on them: a batch in flight
     # would otherwise hold every response it generated, ~16 bytes a token).
     keep_tokens: bool = True
+    # True: contexts are ``TokenRuns`` (runs over the workload's id walks, not per-token
+    # lists): the simulator, whose engine works on runs; a live engine needs lists.
+    token_runs: bool = False
 
 
 def session_id_of(trajectory: Trajectory) -> str:
@@ -100,12 +104,14 @@ async def run_trajectory(
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
     result.setup_s = clock.now() - result.started_at
-    context: list[int] = []
+    context: list[int] | TokenRuns = TokenRuns.empty(config.vocab_size) if config.token_runs else []
     kept_response: list[int] = []  # the previous response's tokens the context keeps
     kept_before = 0
     starts: list[int] = []  # where each observation starts in the context
     for k, turn in enumerate(trajectory.turns):
-        observation = observation_token_ids(trajectory, k, config.vocab_size, config.token_seed)
+        observation = observation_token_ids(
+            trajectory, k, config.vocab_size, config.token_seed, as_runs=config.token_runs
+        )
         # The context the previous turn saw (a prefill worker holds it) stays valid up to
         # `diverge`: its end when the scaffold only appends; earlier when it collapses an
         # observation that left the observation window (SWE-agent's last_n_observations).

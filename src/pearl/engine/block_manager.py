@@ -13,12 +13,14 @@ from collections import deque
 from collections.abc import Sequence as Seq
 
 from pearl.engine.sequence import Sequence
+from pearl.token_runs import block_keys
 
 NO_HASH = -1
 
 
 def chain_hash(previous: int, tokens: Seq[int]) -> int:
-    """Hash of a full block given its predecessor's hash (deterministic across processes)."""
+    """Hash of a full block given its predecessor's hash (deterministic across processes):
+    ``tokens`` is the block's key (``pearl.token_runs.block_keys``: its ids, or its runs)."""
     return hash((previous, tuple(tokens)))
 
 
@@ -78,11 +80,9 @@ class BlockManager:
     # -- prefix cache ---------------------------------------------------------------
     def match_prefix(self, token_ids: Seq[int], max_tokens: int) -> list[int]:
         """Cached full blocks covering a prefix of ``token_ids`` no longer than ``max_tokens``."""
-        bs = self.block_size
         found: list[int] = []
         prev = NO_HASH
-        for start in range(0, (max_tokens // bs) * bs, bs):
-            tokens = tuple(token_ids[start : start + bs])
+        for tokens in block_keys(token_ids, 0, max_tokens // self.block_size, self.block_size):
             h = chain_hash(prev, tokens)
             block_id = self._by_hash.get(h)
             if block_id is None or (self.verify_tokens and self._tokens[block_id] != tokens):
@@ -118,10 +118,9 @@ class BlockManager:
         first = seq.num_hashed_blocks
         if full <= first:
             return  # no block filled since the last commit (most calls)
-        table, ids, hashes = seq.block_table, seq.token_ids, self._hash
+        table, hashes = seq.block_table, self._hash
         prev = hashes[table[first - 1]] if first else NO_HASH
-        span = tuple(ids[first * bs : full * bs])  # one copy; per-block tuples are slices of it
-        blocks = [span[o : o + bs] for o in range(0, len(span), bs)]
+        blocks = block_keys(seq.token_ids, first, full, bs)
         chain = []
         for tokens in blocks:
             prev = hash((prev, tokens))  # chain_hash, inlined (hot)

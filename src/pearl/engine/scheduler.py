@@ -35,6 +35,7 @@ from pearl.errors import (
     KVTransferError,
     RequestError,
 )
+from pearl.token_runs import TokenRuns
 
 
 class InFlight(StrEnum):
@@ -185,7 +186,7 @@ class Scheduler:
         if pinned is None:
             return 0
         held = pinned.num_computed_tokens
-        if not isinstance(token_ids, list):
+        if not isinstance(token_ids, (list, TokenRuns)):
             token_ids = list(token_ids)
         common = _common_prefix_length(pinned.token_ids, token_ids, held)
         if common == held:
@@ -619,7 +620,7 @@ class Scheduler:
         if isinstance(prefix, str):
             prefix_matches = token_digest(held_tokens[:start]) == prefix
         else:
-            prefix = prefix if isinstance(prefix, list) else list(prefix)
+            prefix = prefix if isinstance(prefix, (list, TokenRuns)) else list(prefix)
             held_head = held_tokens if len(held_tokens) == start else held_tokens[:start]
             prefix_matches = len(prefix) == start and held_head == prefix
         if not prefix_matches:
@@ -627,14 +628,20 @@ class Scheduler:
                 f"session {session_id!r}: the chunk's prefix tokens [0, {start}) differ from the tokens held here"
             )
         overlap = held - start
-        if held_tokens[start:held] != list(token_ids[: min(overlap, len(token_ids))]):
+        if overlap > 0 and list(held_tokens[start:held]) != list(
+            token_ids[: min(overlap, len(token_ids))]
+        ):
             raise KVPrefixMismatch(
                 f"session {session_id!r}: the chunk's token ids differ from the held tokens [{start}, {held})"
             )
         if overlap >= len(token_ids):
             return pinned, overlap
         if pinned is None:
-            pinned = Sequence(Request(f"kv-import:{session_id}", [], session_id=session_id), 0, now)
+            # Its token ids of the chunk's kind (a list, or the simulator's TokenRuns).
+            empty = token_ids[:0] if isinstance(token_ids, TokenRuns) else []
+            pinned = Sequence(
+                Request(f"kv-import:{session_id}", empty, session_id=session_id), 0, now
+            )
             pinned.status = SequenceStatus.FINISHED
         else:
             self.sessions.pop(session_id)
@@ -708,8 +715,10 @@ def _common_prefix_length(a: Sequence_[int], b: Sequence_[int], limit: int | Non
 
     Both must be the same sequence type (list vs list): slices are compared in bulk,
     bisecting on the first difference, so the cost is a few C-speed passes, not a Python
-    loop per token.
+    loop per token. Two ``TokenRuns`` compare by runs (``TokenRuns.common_prefix``).
     """
+    if isinstance(a, TokenRuns) and isinstance(b, TokenRuns):
+        return a.common_prefix(b, limit)
     n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
     if n == 0:
         return 0

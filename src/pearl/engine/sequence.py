@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from pearl.errors import RequestError
+from pearl.token_runs import TokenRuns
 
 
 class Role(enum.StrEnum):
@@ -158,7 +159,9 @@ class Sequence:
         self.request = request
         self.request_id = request.request_id
         self.sampling = request.sampling
-        self.token_ids: list[int] = list(request.prompt_token_ids)
+        ids = request.prompt_token_ids
+        # A copy: the engine appends to it. The simulator's contexts stay runs (TokenRuns).
+        self.token_ids: list[int] = ids.copy() if isinstance(ids, TokenRuns) else list(ids)  # type: ignore[assignment]
         self.num_prompt_tokens = len(self.token_ids)
         self.output_logprobs: list[float] = []
         self.num_computed_tokens = 0  # tokens whose KV is in this engine's cache

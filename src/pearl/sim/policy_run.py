@@ -317,7 +317,9 @@ def run_policy(
         records = await driver.run(
             lambda i: step_batch(profile, setting.seed, i),
             # Records keep only counts unless the caller inspects the turns (keep_results).
-            AgentLoopConfig(vocab_size=cost.model.vocab_size, keep_tokens=setting.keep_results),
+            AgentLoopConfig(
+                vocab_size=cost.model.vocab_size, keep_tokens=setting.keep_results, token_runs=True
+            ),
             PipelineConfig(
                 num_steps=1_000_000,
                 max_staleness=setting.max_staleness,

@@ -31,7 +31,7 @@ from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
-from pearl.workloads.token_ids import id_pool, id_walk
+from pearl.token_runs import SAMPLER_FIRST_ID, TokenRuns, id_pool, id_walk
 
 
 class IterationCost(Protocol):
@@ -132,7 +132,7 @@ def synthetic_tokens(session_id: str, position: int, n: int, vocab_size: int) ->
     a fixed permutation of ``[1, vocab_size)`` keyed by the session, so two sessions' tokens
     differ at every position (siblings diverge after their shared prompt, as real samples
     do) and no new int objects are made."""
-    return id_walk(vocab_size, 1, zlib.crc32(session_id.encode()) + position, n)
+    return id_walk(vocab_size, SAMPLER_FIRST_ID, zlib.crc32(session_id.encode()) + position, n)
 
 
 class SimulatedWorker:
@@ -443,7 +443,7 @@ class SimulatedWorker:
     def _postprocess(self, out: SchedulerOutput, now: float) -> list[RequestOutput]:
         samplers = out.sampling_sequences()
         # synthetic_tokens for one token each, inlined (hot: every iteration's samplers)
-        pool = id_pool(self.vocab_size, 1)
+        pool = id_pool(self.vocab_size, SAMPLER_FIRST_ID)
         size = len(pool)
         tokens = [
             pool[
@@ -595,7 +595,11 @@ class SimulatedWorker:
             if seq.telemetry.first_token_at is None and base == seq.num_prompt_tokens:
                 seq.telemetry.first_token_at = asyncio.get_running_loop().time()
             seq.num_computed_tokens += n
-            ids.extend(synthetic_tokens(seq.request.session_id or seq.request_id, base, n, vocab))
+            key = seq.request.session_id or seq.request_id
+            if isinstance(ids, TokenRuns):  # the same ids as one run (a context of runs)
+                ids.extend_walk(zlib.crc32(key.encode()) + base, n)
+            else:
+                ids.extend(synthetic_tokens(key, base, n, vocab))
             seq.output_logprobs.extend(zeros)
             if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block filled
                 blocks.commit(seq)

@@ -4,14 +4,14 @@ share the system/tool prefix, so prefix caching behaves as in real runs."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 
-import numpy as np
-
 from pearl.errors import WorkloadError
+from pearl.token_runs import TokenRuns, id_pool, id_walk
 from pearl.workloads.batch import Trajectory, _is_int
+
+__all__ = ["id_pool", "id_walk"]  # re-exported: their home is pearl.token_runs
 
 _SHARED, _TASK, _OBSERVATION, _RESPONSE = 0, 1, 2, 3
 
@@ -21,39 +21,28 @@ def _task_key(task_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little")
 
 
-def _ids(n: int, vocab_size: int, first_id: int, entropy: list[int]) -> list[int]:
+def _walk_start(vocab_size: int, first_id: int, entropy: list[int]) -> int:
     if not (_is_int(vocab_size) and _is_int(first_id) and 0 <= first_id < vocab_size):
         raise WorkloadError(
             f"token ids need ints 0 <= first_id < vocab_size, got first_id={first_id!r} "
             f"vocab_size={vocab_size!r}"
         )
-    if n == 0:
-        return []
     # A keyed walk through one fixed random permutation of the id range: as random-looking
     # as fresh draws, distinct keys give sequences that differ at every position, and a
     # list slice costs ~1/15 of seeding a numpy Generator per call (which was ~10% of a
     # simulated RL run).
     digest = hashlib.blake2b(repr(entropy).encode(), digest_size=8).digest()
-    return id_walk(vocab_size, first_id, int.from_bytes(digest, "little"), n)
+    return int.from_bytes(digest, "little")
 
 
-def id_walk(vocab_size: int, first_id: int, start: int, n: int) -> list[int]:
-    """``n`` ids of the fixed random permutation of ``[first_id, vocab_size)`` from position
-    ``start`` (mod its length) on, wrapping around. Two walks from different starts differ
-    at every position (until a wrap), and the ids are shared objects: a slice, no new ints."""
-    pool = id_pool(vocab_size, first_id)
-    start %= len(pool)
-    out = pool[start : start + n]
-    while len(out) < n:
-        out += pool[: n - len(out)]
-    return out
+def _ids(n: int, vocab_size: int, first_id: int, entropy: list[int]) -> list[int]:
+    start = _walk_start(vocab_size, first_id, entropy)
+    return id_walk(vocab_size, first_id, start, n) if n else []
 
 
-@functools.lru_cache(maxsize=4)
-def id_pool(vocab_size: int, first_id: int) -> list[int]:
-    """The fixed random permutation of ``[first_id, vocab_size)`` the ids walk (shared:
-    never modify it)."""
-    return np.random.default_rng(0).permutation(np.arange(first_id, vocab_size)).tolist()
+def _runs(n: int, vocab_size: int, first_id: int, entropy: list[int]) -> TokenRuns:
+    """``_ids`` as one run (``pearl.token_runs``)."""
+    return TokenRuns.walk(vocab_size, first_id, _walk_start(vocab_size, first_id, entropy), n)
 
 
 def shared_prefix_token_ids(
@@ -72,22 +61,30 @@ def _turn_index(trajectory: Trajectory, turn_index: int) -> None:
 
 
 def observation_token_ids(
-    trajectory: Trajectory, turn_index: int, vocab_size: int, seed: int = 0, first_id: int = 0
-) -> list[int]:
+    trajectory: Trajectory,
+    turn_index: int,
+    vocab_size: int,
+    seed: int = 0,
+    first_id: int = 0,
+    as_runs: bool = False,
+) -> list[int] | TokenRuns:
     """Token ids of turn ``turn_index``'s observation; turn 0 gives the task's initial prompt.
 
     Deterministic in (seed, task_id, index_in_group, turn); the prompt depends only on
-    (seed, task_id), so siblings share it, and its shared prefix only on ``seed``.
+    (seed, task_id), so siblings share it, and its shared prefix only on ``seed``. With
+    ``as_runs`` the same ids as ``TokenRuns`` (the simulator's contexts).
     """
     _turn_index(trajectory, turn_index)
+    ids = _runs if as_runs else _ids
     n = trajectory.turns[turn_index].observation_tokens
     if turn_index == 0:
         shared = trajectory.shared_prefix_tokens
-        return shared_prefix_token_ids(shared, vocab_size, seed, first_id) + _ids(
-            n - shared, vocab_size, first_id, [seed, _TASK, _task_key(trajectory.task_id)]
+        task = [seed, _TASK, _task_key(trajectory.task_id)]
+        return ids(shared, vocab_size, first_id, [seed, _SHARED]) + ids(
+            n - shared, vocab_size, first_id, task
         )
     key = [seed, _OBSERVATION, _task_key(trajectory.task_id), trajectory.index_in_group, turn_index]
-    return _ids(n, vocab_size, first_id, key)
+    return ids(n, vocab_size, first_id, key)
 
 
 def response_token_ids(

@@ -1,0 +1,358 @@
+"""Token sequences stored as runs over fixed id walks: the simulator's contexts without
+per-token lists.
+
+Every token id the simulator makes is read from a fixed random permutation of the
+vocabulary (``id_pool``): a workload's observation is ``pool[s : s + n]`` for a keyed start
+``s``, a simulated response walks another pool from a start keyed by its session. A context
+is therefore a handful of runs ``(pool, start, length)``, ~3 a turn, while it holds
+10^4-10^5 tokens. ``TokenRuns`` stores a sequence that way and gives the engine's scheduler
+and block manager what they use of a token list (length, indexing, slices, appends,
+comparison, deletion) at a cost in runs, not tokens, plus ``common_prefix`` and
+``block_keys`` (a full block's prefix-cache key from the runs covering it).
+
+Exactness. ``==`` and ``common_prefix`` equal the token-by-token answers always: where two
+sequences' runs differ they compare tokens until the first difference. A block's key
+determines its tokens, so equal keys mean equal blocks; the converse needs equal tokens to
+be stored as equal runs, which holds for the simulator's sequences because a token's run is
+fixed by where it came from (the same observation walk, the same sampled response) and runs
+are merged by one rule (``_push``: a run continuing the previous one in the same pool joins
+it). Tokens appended one at a time (``append``, a sampled token) continue the last run when
+they can, else start a run in the sampler's pool (``id_pool(vocab_size, 1)``, which
+``pearl.sim.worker`` samples from), else are kept as a one-token literal run.
+"""
+
+from __future__ import annotations
+
+import functools
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+LITERAL = -1  # a run of one token not read from a pool: (LITERAL, token id, 1)
+SAMPLER_FIRST_ID = 1  # the simulator samples ids from id_pool(vocab_size, 1)
+
+
+@functools.lru_cache(maxsize=4)
+def id_pool(vocab_size: int, first_id: int) -> list[int]:
+    """The fixed random permutation of ``[first_id, vocab_size)`` the ids walk (shared:
+    never modify it)."""
+    return np.random.default_rng(0).permutation(np.arange(first_id, vocab_size)).tolist()
+
+
+def id_walk(vocab_size: int, first_id: int, start: int, n: int) -> list[int]:
+    """``n`` ids of the fixed random permutation of ``[first_id, vocab_size)`` from position
+    ``start`` (mod its length) on, wrapping around. Two walks from different starts differ
+    at every position (until a wrap), and the ids are shared objects: a slice, no new ints."""
+    return _walk(_POOLS[pool_index(vocab_size, first_id)], start, n)
+
+
+def _walk(pool: list[int], start: int, n: int) -> list[int]:
+    start %= len(pool)
+    out = pool[start : start + n]
+    while len(out) < n:
+        out += pool[: n - len(out)]
+    return out
+
+
+# Pools by index (a run names its pool by a small int, so runs compare and hash as ints).
+_POOLS: list[list[int]] = []
+_POOL_INDEX: dict[tuple[int, int], int] = {}
+_POSITIONS: dict[int, dict[int, int]] = {}  # pool index -> {token id: its position}
+
+
+def pool_index(vocab_size: int, first_id: int) -> int:
+    """The index runs use for ``id_pool(vocab_size, first_id)``."""
+    key = (vocab_size, first_id)
+    index = _POOL_INDEX.get(key)
+    if index is None:
+        index = len(_POOLS)
+        _POOLS.append(id_pool(vocab_size, first_id))
+        _POOL_INDEX[key] = index
+    return index
+
+
+def _positions(pool: int) -> dict[int, int]:
+    found = _POSITIONS.get(pool)
+    if found is None:
+        found = _POSITIONS[pool] = {token: i for i, token in enumerate(_POOLS[pool])}
+    return found
+
+
+def _token(pool: int, start: int, offset: int) -> int:
+    if pool == LITERAL:
+        return start
+    ids = _POOLS[pool]
+    return ids[(start + offset) % len(ids)]
+
+
+class TokenRuns:
+    """A sequence of token ids as runs ``(pool, start, length)`` (see the module's doc)."""
+
+    __slots__ = ("_runs", "_ends", "_sampler")
+
+    def __init__(self, sampler: int) -> None:
+        self._runs: list[tuple[int, int, int]] = []
+        self._ends: list[int] = []  # cumulative: run i covers [ends[i-1], ends[i])
+        self._sampler = sampler  # the pool a token appended alone is looked up in
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def empty(cls, vocab_size: int) -> TokenRuns:
+        return cls(pool_index(vocab_size, SAMPLER_FIRST_ID))
+
+    @classmethod
+    def walk(cls, vocab_size: int, first_id: int, start: int, n: int) -> TokenRuns:
+        """The ids ``id_walk(vocab_size, first_id, start, n)``, as one run."""
+        out = cls.empty(vocab_size)
+        pool = pool_index(vocab_size, first_id)
+        out._push(pool, start % len(_POOLS[pool]), n)
+        return out
+
+    def copy(self) -> TokenRuns:
+        out = TokenRuns(self._sampler)
+        out._runs = self._runs.copy()
+        out._ends = self._ends.copy()
+        return out
+
+    def _push(self, pool: int, start: int, n: int) -> None:
+        """Append a run, joining the last one if it continues it in the same pool."""
+        if n <= 0:
+            return
+        runs, ends = self._runs, self._ends
+        if runs:
+            p, s, m = runs[-1]
+            if p == pool and pool != LITERAL and (s + m) % len(_POOLS[p]) == start:
+                runs[-1] = (p, s, m + n)
+                ends[-1] += n
+                return
+        runs.append((pool, start, n))
+        ends.append((ends[-1] if ends else 0) + n)
+
+    def _continues_with(self, token: int) -> bool:
+        if not self._runs:
+            return False
+        p, s, m = self._runs[-1]
+        return p != LITERAL and _token(p, s, m) == token
+
+    # -- a list's mutators ------------------------------------------------------------
+    def append(self, token: int) -> None:
+        runs = self._runs
+        if self._continues_with(token):
+            p, s, m = runs[-1]
+            runs[-1] = (p, s, m + 1)
+            self._ends[-1] += 1
+            return
+        position = _positions(self._sampler).get(token)
+        if position is None:
+            runs.append((LITERAL, token, 1))
+            self._ends.append((self._ends[-1] if self._ends else 0) + 1)
+        else:
+            self._push(self._sampler, position, 1)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        if isinstance(tokens, TokenRuns):
+            for run in list(tokens._runs):
+                self._push(*run)
+        else:
+            for token in list(tokens):
+                self.append(token)
+
+    def extend_walk(self, start: int, n: int) -> None:
+        """Append ``n`` ids of the sampler's pool from ``start`` on: what appending them one
+        at a time gives, in one step."""
+        pool = self._sampler
+        ids = _POOLS[pool]
+        start %= len(ids)
+        while n > 0:
+            if not self._continues_with(ids[start]):
+                self._runs.append((pool, start, n))
+                self._ends.append((self._ends[-1] if self._ends else 0) + n)
+                return
+            p, s, m = self._runs[-1]
+            take = n if p == pool else 1  # the sampler's own run takes the whole walk
+            self._runs[-1] = (p, s, m + take)
+            self._ends[-1] += take
+            start, n = (start + take) % len(ids), n - take
+
+    def __iadd__(self, tokens: Iterable[int]) -> TokenRuns:
+        self.extend(tokens)
+        return self
+
+    def __add__(self, tokens: Iterable[int]) -> TokenRuns:
+        out = self.copy()
+        out.extend(tokens)
+        return out
+
+    def __radd__(self, tokens: Iterable[int]) -> TokenRuns:
+        out = TokenRuns(self._sampler)
+        out.extend(tokens)
+        out.extend(self)
+        return out
+
+    def __delitem__(self, index: slice) -> None:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("TokenRuns deletes contiguous slices only")
+        a, b, _ = index.indices(len(self))
+        if b <= a:
+            return
+        tail = self[b:]
+        head = self[:a]
+        self._runs, self._ends = head._runs, head._ends
+        self.extend(tail)
+
+    # -- a list's queries -------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            if index.step not in (None, 1):
+                raise TypeError("TokenRuns slices take no step")
+            a, b, _ = index.indices(len(self))
+            return self._slice(a, b)
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("TokenRuns index out of range")
+        i = bisect_right(self._ends, index)
+        p, s, m = self._runs[i]
+        return _token(p, s, index - (self._ends[i] - m))
+
+    def _slice(self, a: int, b: int) -> TokenRuns:
+        out = TokenRuns(self._sampler)
+        if b <= a:
+            return out
+        ends, runs = self._ends, self._runs
+        i = bisect_right(ends, a)
+        j = bisect_right(ends, b - 1)
+        picked = runs[i : j + 1]
+        first_start = ends[i] - runs[i][2]
+        p, s, m = picked[0]
+        cut = a - first_start
+        if cut:
+            picked[0] = (p, s if p == LITERAL else (s + cut) % len(_POOLS[p]), m - cut)
+        over = ends[j] - b  # tokens of the last run past b
+        if over:
+            p, s, m = picked[-1]
+            picked[-1] = (p, s, m - over)
+        out._runs = picked
+        total = 0
+        out._ends = [total := total + run[2] for run in picked]
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        for p, s, m in self._runs:
+            if p == LITERAL:
+                yield s
+            else:
+                yield from _walk(_POOLS[p], s, m)
+
+    def tolist(self) -> list[int]:
+        return list(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenRuns):
+            return len(self) == len(other) and self.common_prefix(other) == len(self)
+        if isinstance(other, list):
+            return self.tolist() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"TokenRuns({len(self)} tokens in {len(self._runs)} runs)"
+
+    @property
+    def num_runs(self) -> int:
+        return len(self._runs)
+
+    # -- what the engine asks ---------------------------------------------------------
+    def common_prefix(self, other: TokenRuns, limit: int | None = None) -> int:
+        """Length of the longest common prefix with ``other`` (at most ``limit``): whole
+        runs compared as tuples, then tokens from the first run that differs on."""
+        n = min(len(self), len(other)) if limit is None else min(limit, len(self), len(other))
+        ra, rb = self._runs, other._runs
+        k = min(len(ra), len(rb))
+        if ra[:k] != rb[:k]:  # bisect on the first run that differs, in C-speed slices
+            lo, hi = 0, k
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if ra[lo:mid] == rb[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        done = self._ends[k - 1] if k else 0
+        if done >= n:
+            return n
+        # From run k on, piece by piece: aligned walks of one pool skip ahead, anything
+        # else compares a token (the runs differ, so a difference is near).
+        i, oa, j, ob = k, 0, k, 0
+        while done < n:
+            pa, sa, la = ra[i]
+            pb, sb, lb = rb[j]
+            step = 1
+            if pa == pb and pa != LITERAL:
+                size = len(_POOLS[pa])
+                if (sa + oa) % size == (sb + ob) % size:
+                    step = min(la - oa, lb - ob, n - done)
+            if step == 1 and _token(pa, sa, oa) != _token(pb, sb, ob):
+                return done
+            done += step
+            oa += step
+            ob += step
+            if oa == la:
+                i, oa = i + 1, 0
+            if ob == lb:
+                j, ob = j + 1, 0
+        return n
+
+    def block_keys(self, first: int, last: int, block_size: int) -> list[tuple[int, ...]]:
+        """Keys of blocks ``first .. last - 1`` (tokens ``[b * block_size, (b + 1) *
+        block_size)`` each, all within the sequence): ``(pool, position)`` for a block
+        inside one run, else its pieces ``(pool, position, length, ...)``. Equal keys mean
+        equal tokens."""
+        keys: list[tuple[int, ...]] = []
+        runs, ends = self._runs, self._ends
+        bs = block_size
+        b = first
+        i = bisect_right(ends, b * bs)
+        while b < last:
+            p, s, m = runs[i]
+            run_start = ends[i] - m
+            a = b * bs
+            inside = min(last, (ends[i] // bs))  # blocks ending within run i
+            if inside > b and p != LITERAL:
+                size = len(_POOLS[p])
+                base = s + a - run_start
+                keys.extend([(p, (base + o) % size) for o in range(0, (inside - b) * bs, bs)])
+                b = inside
+                if b * bs >= ends[i]:
+                    i += 1
+                continue
+            # A block over several runs: its pieces.
+            pieces: list[int] = []
+            pos, end = a, a + bs
+            while pos < end:
+                p, s, m = runs[i]
+                run_start = ends[i] - m
+                take = min(end, ends[i]) - pos
+                off = pos - run_start
+                pieces += (p, s if p == LITERAL else (s + off) % len(_POOLS[p]), take)
+                pos += take
+                if pos >= ends[i]:
+                    i += 1
+            keys.append(tuple(pieces))
+            b += 1
+        return keys
+
+
+def block_keys(token_ids, first: int, last: int, block_size: int) -> list[tuple[int, ...]]:
+    """Prefix-cache keys of full blocks ``first .. last - 1`` of a token list or ``TokenRuns``:
+    the blocks' token ids as tuples, or ``TokenRuns.block_keys``."""
+    if isinstance(token_ids, TokenRuns):
+        return token_ids.block_keys(first, last, block_size)
+    span = tuple(token_ids[first * block_size : last * block_size])
+    return [span[o : o + block_size] for o in range(0, len(span), block_size)]
