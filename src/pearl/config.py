@@ -340,6 +340,21 @@ class SpotSection(_Section):
     duration_s: float = Field(7200.0, gt=0, le=1e8, description="each trace's length")
 
 
+def check_ray_address(value: str | None) -> str | None:
+    """A Ray cluster address PEARL joins as a driver: ``auto`` or the head's host:port."""
+    if value is None or value == "auto":
+        return value
+    if value.startswith("ray://"):
+        raise ValueError(
+            f"{value!r} is a Ray Client address, which PEARL does not use: run it on a node "
+            "of the cluster with 'auto', or give the head's host:port (GCS port)"
+        )
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379)")
+    return value
+
+
 class PlanSection(_Section):
     reserved_gpus: list[int] = Field(
         default_factory=lambda: [4, 8, 16], description="reserved rollout pool sizes to try"
@@ -360,6 +375,11 @@ class PlanSection(_Section):
     check_seeds: int = Field(
         2, ge=0, le=10, description="other workload seeds the best two configurations re-run on"
     )
+    ray_address: str | None = Field(
+        None,
+        description="run the grid's runs as Ray tasks on this cluster ('auto', or the head's "
+        "host:port; every node needs this PEARL installed); unset: `processes` local processes",
+    )
 
     @field_validator("reserved_gpus", "tp")
     @classmethod
@@ -367,6 +387,11 @@ class PlanSection(_Section):
         if not value or min(value) < 1:
             raise ValueError(f"needs at least one value, each >= 1; got {value}")
         return sorted(set(value))
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        return check_ray_address(value)
 
 
 class PlanConfig(RLExperimentConfig):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_right
+from itertools import repeat
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -326,8 +327,12 @@ class TokenRuns:
             inside = min(last, (ends[i] // bs))  # blocks ending within run i
             if inside > b and p != LITERAL:
                 size = len(_POOLS[p])
-                base = s + a - run_start
-                keys.extend([(p, (base + o) % size) for o in range(0, (inside - b) * bs, bs)])
+                base = (s + a - run_start) % size
+                stop = base + (inside - b) * bs
+                if stop <= size:  # no wrap (the rule): the keys' tuples made in C
+                    keys.extend(zip(repeat(p), range(base, stop, bs)))
+                else:
+                    keys.extend([(p, x % size) for x in range(base, stop, bs)])
                 b = inside
                 if b * bs >= ends[i]:
                     i += 1

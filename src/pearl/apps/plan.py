@@ -252,6 +252,108 @@ def expected_work(point: Point) -> tuple[int, int]:
     return -mechanisms, -point.reserved
 
 
+class GridRunner:
+    """Runs a plan's jobs (configuration, trace, seed) and keeps each finished run in
+    ``runs/`` at once; what is there already is read, not run again. The runs go to local
+    processes (``processes``) or, with ``plan.ray_address``, to Ray tasks on that cluster."""
+
+    def __init__(self, cfg: PlanConfig, folder: Path, traces: list[str], log) -> None:
+        self.cfg, self.folder, self.traces, self.log = cfg, folder, traces, log
+        self.kept = folder / "runs"
+        self.kept.mkdir(exist_ok=True)
+        self.kept_before = len(list(self.kept.glob("*.json")))
+        self.runs: dict[str, dict] = {}
+        self.lost: dict[str, str] = {}
+        self._copies: dict[str, list[tuple[str, str]]] = {}
+
+    def keep(self, key: str, result: dict) -> None:
+        partial = self.kept / f"{key}.part"
+        partial.write_text(json.dumps(result, sort_keys=True) + "\n")
+        partial.replace(self.kept / f"{key}.json")
+        self.runs[key] = result
+
+    def _to_run(self, jobs: list[tuple[Point, str, int]]) -> list[tuple[str, tuple]]:
+        """The jobs not kept yet, longest first (so the last process is not left alone
+        with a long one). A policy that never reads the trace (a reserved pool) runs once,
+        on the first trace; its run on every other trace is a copy (``_copies``)."""
+        todo = []
+        for point, segment, s in sorted(jobs, key=lambda job: expected_work(job[0])):
+            key = _key(point, segment, s)
+            path = self.kept / f"{key}.json"
+            reads = get_policy(point.policy).reads_trace
+            source = key if reads else _key(point, self.traces[0], s)
+            if path.is_file():
+                self.runs[key] = json.loads(path.read_text())
+            elif source != key:
+                self._copies.setdefault(source, []).append((key, segment))
+            else:
+                todo.append((key, (_job_config(self.cfg, point, s), point.policy, segment)))
+        for source in [k for k in self._copies if k in self.runs]:  # kept before
+            self._copy_runs(source)
+        return todo
+
+    def _copy_runs(self, source: str) -> None:
+        for key, segment in self._copies.pop(source, []):
+            self.keep(key, same_run(self.runs[source], source, segment))
+
+    def run_all(self, jobs: list[tuple[Point, str, int]], what: str) -> None:
+        """Run every job of ``jobs`` not kept yet; raises ``RunsLost`` (the others kept) if
+        a run's process or node died, ``RunStopped`` on Ctrl-C or SIGTERM."""
+        todo = self._to_run(jobs)
+        if not todo:
+            return
+        address = self.cfg.plan.ray_address
+        where = f"Ray tasks on {address}" if address else f"{self.cfg.processes} processes"
+        self.log(
+            f"{what}: {len(todo)} runs ({len(jobs) - len(todo)} kept or the same run on "
+            f"another trace) in {where}"
+        )
+        with Progress(len(todo), what) as bar:
+
+            def finished(key, result: dict) -> None:
+                self.keep(key, result)
+                self._copy_runs(key)
+                bar.advance(f"{key}: {result['throughput']:,.0f} tok/s")
+
+            def died(key, why: str) -> None:
+                self.lost[key] = why
+                bar.advance(f"{key} lost: {why}")
+
+            try:
+                with sigterm_as_interrupt():
+                    self._launch(todo, finished, died)
+            except KeyboardInterrupt:
+                for partial in self.kept.glob("*.part"):  # cut mid-write: not a finished run
+                    partial.unlink()
+                raise RunStopped(
+                    f"interrupted: {len(list(self.kept.glob('*.json')))} runs are kept in "
+                    f"{self.kept}; pearl plan --resume {self.folder} runs the rest"
+                ) from None
+        if self.lost:
+            raise RunsLost(
+                f"{what}: {len(self.lost)} runs lost "
+                f"({'; '.join(f'{k}: {w}' for k, w in self.lost.items())}); the finished "
+                f"ones are kept: pearl plan --resume {self.folder} runs the rest"
+            )
+
+    def _launch(self, todo, finished, died) -> None:
+        address = self.cfg.plan.ray_address
+        if address is None:
+            run_in_processes(run_one, todo, self.cfg.processes, finished, died)
+            return
+        from pearl.apps.ray_pool import connect, run_on_ray
+
+        connect(address)
+        run_on_ray(run_one, todo, finished, died)
+
+    def rows(self, points: list[Point], seed: int) -> list[dict]:
+        """Each configuration priced over its traces' runs for workload ``seed``."""
+        return [
+            summarize(p, [price(self.runs[_key(p, t, seed)], p, self.cfg) for t in self.traces])
+            for p in points
+        ]
+
+
 def run_plan(
     cfg: PlanConfig, resume: str | None = None, log: Callable[[str], None] = logger.info
 ) -> PlanOutcome:
@@ -263,133 +365,56 @@ def run_plan(
     for note in skipped:
         log(f"skipped: {note}")
     traces = availability_traces(cfg, folder)
-    kept = folder / "runs"
-    kept.mkdir(exist_ok=True)
+    runner = GridRunner(cfg, folder, traces, log)
     seed = cfg.workload.seed
-    kept_before = len(list(kept.glob("*.json")))
-    runs: dict[str, dict] = {}
-    lost: dict[str, str] = {}
-
-    def keep(key: str, result: dict) -> None:
-        partial = kept / f"{key}.part"
-        partial.write_text(json.dumps(result, sort_keys=True) + "\n")
-        partial.replace(kept / f"{key}.json")
-        runs[key] = result
-
-    def run_all(jobs: list[tuple[Point, str, int]], what: str) -> None:
-        todo = []
-        # A policy that never reads the trace (a reserved pool) runs once, on the first
-        # trace; its run on every other trace is a copy (run key -> [(key, trace)]).
-        copies: dict[str, list[tuple[str, str]]] = {}
-        # Longest runs first, so the last process is not left alone with a long one.
-        for point, segment, s in sorted(jobs, key=lambda job: expected_work(job[0])):
-            key = _key(point, segment, s)
-            path = kept / f"{key}.json"
-            source = key if get_policy(point.policy).reads_trace else _key(point, traces[0], s)
-            if path.is_file():
-                runs[key] = json.loads(path.read_text())
-            elif source != key:
-                copies.setdefault(source, []).append((key, segment))
-            else:
-                todo.append((key, (_job_config(cfg, point, s), point.policy, segment)))
-
-        def copy_runs(source: str) -> None:
-            for key, segment in copies.pop(source, []):
-                keep(key, same_run(runs[source], source, segment))
-
-        for source in [k for k in copies if k in runs]:  # the run itself was kept before
-            copy_runs(source)
-        if not todo:
-            return
-        log(
-            f"{what}: {len(todo)} runs ({len(jobs) - len(todo)} kept or the same run on "
-            f"another trace) in {cfg.processes} processes"
-        )
-        with Progress(len(todo), what) as bar:
-
-            def finished(key, result: dict) -> None:
-                keep(key, result)
-                copy_runs(key)
-                bar.advance(f"{key}: {result['throughput']:,.0f} tok/s")
-
-            def died(key, why: str) -> None:
-                lost[key] = why
-                bar.advance(f"{key} lost: {why}")
-
-            try:
-                with sigterm_as_interrupt():
-                    run_in_processes(run_one, todo, cfg.processes, finished, died)
-            except KeyboardInterrupt:
-                for partial in kept.glob("*.part"):  # cut mid-write: not a finished run
-                    partial.unlink()
-                raise RunStopped(
-                    f"interrupted: {len(list(kept.glob('*.json')))} runs are kept in {kept}; "
-                    f"pearl plan --resume {folder} runs the rest"
-                ) from None
-        if lost:
-            raise RunsLost(
-                f"{what}: {len(lost)} runs lost "
-                f"({'; '.join(f'{k}: {w}' for k, w in lost.items())}); the finished ones are "
-                f"kept: pearl plan --resume {folder} runs the rest"
-            )
-
-    run_all([(p, t, seed) for p in points for t in traces], "plan grid")
-    rows = [summarize(p, [price(runs[_key(p, t, seed)], p, cfg) for t in traces]) for p in points]
+    runner.run_all([(p, t, seed) for p in points for t in traces], "plan grid")
+    rows = runner.rows(points, seed)
     mark_frontier(rows)
     order = ranked(rows)
-    best, runner = order[0], order[1] if len(order) > 1 else None
-    checks = _check_ranking(cfg, points, traces, best, runner, run_all, runs)
-    recommendation = _recommendation(best, runner, checks, cfg.plan.currency)
+    best, second = order[0], order[1] if len(order) > 1 else None
+    checks = _check_ranking(cfg, points, best, second, runner)
+    recommendation = _recommendation(best, second, checks, cfg.plan.currency)
     table = plan_table(rows, cfg.plan.currency)
     wall_s = time.perf_counter() - started  # this invocation's (a resumed plan: what it ran)
     (folder / "plan.md").write_text(f"{table}\n\n{recommendation}\n")
-    (folder / "plan.json").write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "recommended": best,
-                "runner_up": runner,
-                "seed_checks": checks,
-                "traces": traces,
-                "skipped": skipped,
-                "wall_s": wall_s,
-                "runs_kept_before": kept_before,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    summary = {
+        "rows": rows,
+        "recommended": best,
+        "runner_up": second,
+        "seed_checks": checks,
+        "traces": traces,
+        "skipped": skipped,
+        "wall_s": wall_s,
+        "runs_kept_before": runner.kept_before,
+    }
+    (folder / "plan.json").write_text(json.dumps(summary, indent=2) + "\n")
     _write_report(cfg, folder, rows, best, table, recommendation)
     log(recommendation)
     log(
         f"plan: {len(points)} configurations x {len(traces)} traces in "
-        f"{wall_s / 60:.1f} min ({kept_before} runs kept from before)"
+        f"{wall_s / 60:.1f} min ({runner.kept_before} runs kept from before)"
     )
     return PlanOutcome(str(folder), rows, table, recommendation)
 
 
-def _check_ranking(cfg, points, traces, best, runner, run_all, runs) -> list[dict]:
+def _check_ranking(cfg, points, best, runner_up, runner: GridRunner) -> list[dict]:
     """The best two configurations again on other workload seeds: cost per million trained
     tokens of each, and whether the recommended one stays ahead."""
-    if runner is None or not cfg.plan.check_seeds:
+    if runner_up is None or not cfg.plan.check_seeds:
         return []
     pair = [
         next(p for p in points if (p.policy, p.reserved, p.tp) == key)
         for key in (
             (best["policy"], best["reserved_gpus"], best["tp"]),
-            (runner["policy"], runner["reserved_gpus"], runner["tp"]),
+            (runner_up["policy"], runner_up["reserved_gpus"], runner_up["tp"]),
         )
     ]
     seeds = [cfg.workload.seed + k for k in range(1, cfg.plan.check_seeds + 1)]
-    run_all([(p, t, s) for s in seeds for p in pair for t in traces], "ranking check")
+    jobs = [(p, t, s) for s in seeds for p in pair for t in runner.traces]
+    runner.run_all(jobs, "ranking check")
     out = []
     for s in seeds:
-        costs = [
-            summarize(p, [price(runs[_key(p, t, s)], p, cfg) for t in traces])[
-                "cost_per_million_tokens"
-            ]
-            for p in pair
-        ]
+        costs = [row["cost_per_million_tokens"] for row in runner.rows(pair, s)]
         out.append(
             {
                 "seed": s,

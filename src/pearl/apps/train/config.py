@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pearl.config import _Section, load_config, plain_run_name
+from pearl.config import _Section, check_ray_address, load_config, plain_run_name
 
 
 class TrainModelSection(_Section):
@@ -285,17 +285,7 @@ class TrainClusterSection(_Section):
     @field_validator("ray_address")
     @classmethod
     def _ray_address(cls, value: str | None) -> str | None:
-        if value is None or value == "auto":
-            return value
-        if value.startswith("ray://"):
-            raise ValueError(
-                f"{value!r} is a Ray Client address, which pearl train does not use: run it on "
-                "a node of the cluster with 'auto', or give the head's host:port (GCS port)"
-            )
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{value!r} is not 'auto' or host:port (e.g. 10.0.0.1:6379)")
-        return value
+        return check_ray_address(value)
 
     @field_validator("worker_resources", "trainer_resources")
     @classmethod

@@ -1,0 +1,124 @@
+"""``pearl plan`` on a Ray cluster: a real multi-node cluster on one machine (three raylets,
+``ray.cluster_utils.Cluster``) runs the grid as tasks and gives the local pool's plan; a
+node lost mid-grid loses only the runs it held, and a resume runs only those."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pearl.cli import app
+from pearl.errors import ConfigError
+
+ray = pytest.importorskip("ray")
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture
+def cluster():
+    """A head node (the driver's, no CPU slot: it runs no task) and two nodes of one slot
+    each; this process is not connected yet."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [c.add_node(num_cpus=1) for _ in range(2)]
+    c.wait_for_nodes()
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def plan_args(folder: Path, name: str, *extra: str) -> list[str]:
+    return [
+        "plan",
+        "--config",
+        str(CONFIGS / "headline.yaml"),
+        "rl.duration_s=60",
+        "workload.profile=tiny",
+        "policies=[roll,rlboost,pearl]",
+        "elastic.segments=[segment2,segment3]",
+        "plan.reserved_gpus=[4,8]",
+        "plan.tp=[2]",
+        "plan.check_seeds=1",
+        "processes=2",
+        f"logger.run_dir={folder}",
+        f"logger.run_name={name}",
+        *extra,
+    ]
+
+
+def same_plan(folder: Path) -> tuple[str, dict]:
+    """plan.md, and plan.json without what differs by invocation (wall time, runs kept)."""
+    plan = json.loads((folder / "plan.json").read_text())
+    for key in ("wall_s", "runs_kept_before"):
+        plan.pop(key)
+    return (folder / "plan.md").read_text(), plan
+
+
+def test_a_plan_on_a_three_raylet_cluster_is_the_local_pools_plan(tmp_path, cluster):
+    c, _ = cluster
+    local = CliRunner().invoke(app, plan_args(tmp_path, "local"))
+    assert local.exit_code == 0, local.output
+    on_ray = CliRunner().invoke(app, plan_args(tmp_path, "ray", f"plan.ray_address={c.address}"))
+    assert on_ray.exit_code == 0, on_ray.output
+    assert f"Ray tasks on {c.address}" in on_ray.output
+    assert same_plan(tmp_path / "ray") == same_plan(tmp_path / "local")
+    # Every run (2 traces x 6 configurations, roll's second trace a copy; 2 ranking checks
+    # of each trace) is kept, the same files either way.
+    kept = {p.name for p in (tmp_path / "ray" / "runs").iterdir()}
+    assert kept == {p.name for p in (tmp_path / "local" / "runs").iterdir()}
+    assert len(kept) == 12 + 4
+
+
+def test_a_lost_node_loses_only_its_runs(cluster):
+    """Four 8-second jobs on two one-slot nodes: two run at once, one node is removed
+    mid-run; its job is reported lost, the other three finish on the node left."""
+    from pearl.apps.ray_pool import connect, run_on_ray
+
+    c, nodes = cluster
+    connect(c.address)
+    done, lost = [], {}
+    jobs = [(k, (["sleep", "8"],)) for k in range(4)]  # a Python function each node has
+
+    def lose_a_node() -> None:
+        time.sleep(4.0)  # both first jobs are running
+        c.remove_node(nodes[0], allow_graceful=False)
+
+    killer = threading.Thread(target=lose_a_node)
+    killer.start()
+    start = time.monotonic()
+    run_on_ray(subprocess.call, jobs, lambda key, _: done.append(key), lost.__setitem__)
+    killer.join()
+    assert len(lost) == 1 and len(done) == 3, (done, lost)
+    assert set(done) | set(lost) == {0, 1, 2, 3}
+    assert "died" in next(iter(lost.values()))
+    assert time.monotonic() - start < 60
+
+
+def test_a_jobs_own_error_ends_the_batch_with_that_error(cluster):
+    from pearl.apps.ray_pool import connect, run_on_ray
+
+    c, _ = cluster
+    connect(c.address)
+    with pytest.raises(json.JSONDecodeError) as err:
+        run_on_ray(json.loads, [("a", ("{",))], lambda *_: None, lambda *_: None)
+    assert "raised by the Ray task running a" in "\n".join(err.value.__notes__)
+
+
+def test_an_address_where_no_cluster_answers_is_a_clear_error(tmp_path, monkeypatch):
+    from pearl.apps.ray_pool import connect
+
+    if ray.is_initialized():
+        ray.shutdown()
+    with pytest.raises(ConfigError) as err:
+        connect("127.0.0.1:1")
+    assert "plan.ray_address" in str(err.value) and "ray start --head" in str(err.value)

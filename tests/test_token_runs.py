@@ -1,0 +1,128 @@
+"""TokenRuns behaves as the list of its ids: every operation checked against a list."""
+
+import random
+
+import pytest
+
+from pearl.token_runs import LITERAL, TokenRuns, block_keys, id_pool, id_walk
+
+VOCAB = 1000  # small pools: walks wrap and pools share ids, the awkward cases
+
+
+def build(rng: random.Random) -> tuple[TokenRuns, list[int]]:
+    """A random sequence of walks (two pools), sampled-looking appends and literals."""
+    runs, ids = TokenRuns.empty(VOCAB), []
+    for _ in range(rng.randrange(1, 8)):
+        kind = rng.randrange(4)
+        n = rng.randrange(0, 300)
+        start = rng.randrange(10**6)
+        if kind == 0:
+            piece = TokenRuns.walk(VOCAB, 0, start, n)
+            runs += piece
+            ids += id_walk(VOCAB, 0, start, n)
+        elif kind == 1:
+            runs.extend_walk(start, n)
+            ids += id_walk(VOCAB, 1, start, n)
+        elif kind == 2:
+            for token in id_walk(VOCAB, 1, start, min(n, 20)):
+                runs.append(token)
+                ids.append(token)
+        else:
+            runs.append(0)  # not in the sampler's pool: a literal
+            ids.append(0)
+    return runs, ids
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_list_operation_gives_the_lists_answer(seed):
+    rng = random.Random(seed)
+    runs, ids = build(rng)
+    assert len(runs) == len(ids) and runs.tolist() == ids and runs == ids
+    for _ in range(20):
+        a, b = sorted(rng.randrange(len(ids) + 1) for _ in range(2))
+        assert runs[a:b].tolist() == ids[a:b]
+        assert runs[a:].tolist() == ids[a:] and runs[:b].tolist() == ids[:b]
+        if ids:
+            i = rng.randrange(-len(ids), len(ids))
+            assert runs[i] == ids[i]
+    a, b = sorted(rng.randrange(len(ids) + 1) for _ in range(2))
+    cut = runs.copy()
+    del cut[a:b]
+    assert cut.tolist() == ids[:a] + ids[b:]
+    assert (runs + cut).tolist() == ids + ids[:a] + ids[b:]
+    assert ([5, 6] + runs).tolist() == [5, 6] + ids
+    assert runs.tolist() == ids  # copies and slices left the original alone
+
+
+def lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_common_prefix_and_equality_are_exact(seed):
+    rng = random.Random(seed)
+    a, a_ids = build(rng)
+    b = a.copy()
+    b_ids = list(a_ids)
+    # Edit b: cut, then continue differently (as an agent's edited context).
+    keep = rng.randrange(len(a_ids) + 1)
+    del b[keep:]
+    del b_ids[keep:]
+    more, more_ids = build(rng)
+    b += more
+    b_ids += more_ids
+    limit = rng.choice([None, rng.randrange(len(a_ids) + 1)])
+    want = lcp(a_ids, b_ids) if limit is None else min(limit, lcp(a_ids, b_ids))
+    assert a.common_prefix(b, limit) == want == b.common_prefix(a, limit)
+    assert (a == b) == (a_ids == b_ids)
+
+
+def test_the_same_ids_in_different_runs_still_compare_equal():
+    """A coincidence across pools (a token of one pool continuing a run of another):
+    comparison falls back to tokens and stays exact."""
+    pool0 = id_pool(VOCAB, 0)
+    x = TokenRuns.walk(VOCAB, 0, 10, 5)
+    y = TokenRuns.empty(VOCAB)
+    for token in pool0[10:15]:
+        y.append(token)  # looked up in the sampler's pool: other runs, the same ids
+    assert x.num_runs == 1 and y.num_runs > 1
+    assert x == y and x.common_prefix(y) == 5
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_block_keys_are_equal_exactly_for_equal_blocks(seed):
+    rng = random.Random(seed)
+    bs = rng.choice([1, 4, 16])
+    a, a_ids = build(rng)
+    b = a[: rng.randrange(len(a) + 1)]
+    b += build(rng)[0]
+    b_ids = b.tolist()
+    na, nb = len(a_ids) // bs, len(b_ids) // bs
+    ka, kb = a.block_keys(0, na, bs), b.block_keys(0, nb, bs)
+    assert len(ka) == na and len(kb) == nb
+    for i in range(na):
+        # A key determines the block's ids.
+        assert a.block_keys(i, i + 1, bs) == [ka[i]]
+        for j in range(nb):
+            if ka[i] == kb[j]:
+                assert a_ids[i * bs : (i + 1) * bs] == b_ids[j * bs : (j + 1) * bs]
+    # Both built the same way up to the cut: shared blocks get the same keys.
+    shared = lcp(a_ids, b_ids) // bs
+    assert ka[:shared] == kb[:shared]
+    # The list form: the blocks' ids.
+    assert block_keys(a_ids, 0, na, bs) == [tuple(a_ids[i * bs : (i + 1) * bs]) for i in range(na)]
+
+
+def test_literals_and_errors():
+    r = TokenRuns.empty(VOCAB)
+    r.append(0)
+    assert r._runs == [(LITERAL, 0, 1)] and r.tolist() == [0]
+    with pytest.raises(IndexError):
+        r[1]
+    with pytest.raises(TypeError):
+        r[::2]
+    with pytest.raises(TypeError):
+        hash(r)
