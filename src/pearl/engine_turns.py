@@ -7,9 +7,9 @@ same engine scheduler, so a turn becomes the same ``Request`` and its output the
 
 from __future__ import annotations
 
-from pearl.token_runs import TokenRuns
 from pearl.control.interfaces import TurnOutput, TurnRequest, TurnTelemetry
 from pearl.engine.sequence import Request, RequestOutput, Role, SamplingParams
+from pearl.token_runs import TokenRuns
 
 
 def engine_request(turn: TurnRequest, pin_session: bool = True) -> Request:

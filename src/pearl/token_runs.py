@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_right
-from itertools import repeat
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 
 import numpy as np
 
