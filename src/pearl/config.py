@@ -262,6 +262,13 @@ class ElasticSection(_Section):
         default_factory=lambda: ["segment1", "segment2", "segment3"],
         description="availability traces: segment1..3 (shipped) or CSV files of preemptible GPUs",
     )
+    scale: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="GPUs each available instance of the traces stands for (the shipped "
+        "Bamboo segments count 1-GPU instances, at most 12; 8 reads each as an 8-GPU node)",
+    )
 
     @field_validator("segments")
     @classmethod

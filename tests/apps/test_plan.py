@@ -110,6 +110,36 @@ def test_the_readme_plan_config_runs_for_both_models(tmp_path, model):
     assert cfg["plan"]["price_reserved"] == 6.88 and cfg["plan"]["price_preemptible"] == 1.78
 
 
+def test_the_fleet_plan_config_runs_on_its_scaled_bamboo_market(tmp_path):
+    """configs/plan_fleet.yaml (docs/plan.md's fleet table) on a tiny workload: its pools
+    of 128 and 256 reserved GPUs, the Bamboo segments at 16 times their depth."""
+    from pearl.apps.experiment import load_segment_or_csv
+
+    args = plan_args(
+        tmp_path,
+        "fleet",
+        "policies=[roll,pearl]",
+        "plan.reserved_gpus=[128,256]",
+        "elastic.segments=[segment1]",
+        "workload.num_tasks=2",
+        "rl.duration_s=600",
+        "plan.check_seeds=0",
+        config="plan_fleet.yaml",
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "fleet" / "plan.json").read_text())
+    assert {(r["policy"], r["reserved_gpus"]) for r in plan["rows"]} == {
+        (p, r) for p in ("roll", "pearl") for r in (128, 256)
+    }
+    pearl = [r for r in plan["rows"] if r["policy"] == "pearl"]
+    # More preemptible GPUs than the unscaled traces ever offer (12): the scale applied.
+    assert all(r["preemptible_gpus_held"] > 12 for r in pearl), pearl
+    one, sixteen = load_segment_or_csv("segment1"), load_segment_or_csv("segment1", 16)
+    assert sixteen.values == tuple(16 * v for v in one.values)
+    assert sixteen.times_s == one.times_s and sixteen.mean() == 16 * one.mean()
+
+
 def test_a_spot_market_model_replaces_the_segments(tmp_path):
     result = CliRunner().invoke(
         app,

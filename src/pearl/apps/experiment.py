@@ -9,6 +9,7 @@ and ``table.md`` (throughput per policy and segment, ratios to ROLL and to RLBoo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -38,14 +39,20 @@ from pearl.workloads.availability import (
 logger = logging.getLogger(__name__)
 
 
-def load_segment_or_csv(name: str) -> AvailabilityTrace:
-    """``elastic.segments``' entry ``name``: a shipped segment, else an availability CSV."""
+def load_segment_or_csv(name: str, scale: int = 1) -> AvailabilityTrace:
+    """``elastic.segments``' entry ``name``: a shipped segment, else an availability CSV;
+    every value times ``scale`` (``elastic.scale``: GPUs per instance of the trace)."""
     if name not in SEGMENTS and not Path(name).is_file():
         raise ConfigError(
             f"elastic.segments: {name!r} is neither a shipped segment "
             f"({', '.join(SEGMENTS)}) nor an availability CSV file"
         )
-    return load_availability(name)
+    trace = load_availability(name)
+    if scale == 1:
+        return trace
+    return dataclasses.replace(
+        trace, values=tuple(v * scale for v in trace.values), source=f"{trace.source} x{scale}"
+    )
 
 
 def trace_warnings(name: str, trace: AvailabilityTrace, duration_s: float) -> list[str]:
@@ -73,7 +80,9 @@ def segment_warnings(cfg: RLExperimentConfig) -> list[str]:
     return [
         w
         for name in cfg.elastic.segments
-        for w in trace_warnings(name, load_segment_or_csv(name), cfg.rl.duration_s)
+        for w in trace_warnings(
+            name, load_segment_or_csv(name, cfg.elastic.scale), cfg.rl.duration_s
+        )
     ]
 
 
@@ -85,7 +94,7 @@ def run_one(cfg_json: dict, policy_name: str, segment: str) -> dict:
     if cfg.rl.weight_update != "policy":
         overrides["weight_update"] = WeightUpdate(cfg.rl.weight_update)
     policy = get_policy(policy_name, **overrides)
-    trace = load_segment_or_csv(segment)
+    trace = load_segment_or_csv(segment, cfg.elastic.scale)
     return run_summary(policy_name, segment, run_policy(setting, policy, trace), trace.mean())
 
 

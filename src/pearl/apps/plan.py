@@ -118,14 +118,14 @@ def _key(point: Point, segment: str, seed: int) -> str:
     return f"{point.policy}@r{point.reserved}-tp{point.tp}@{name}@seed{seed}"
 
 
-def same_run(result: dict, source: str, segment: str) -> dict:
+def same_run(result: dict, source: str, segment: str, scale: int = 1) -> dict:
     """The run of a policy that never reads the trace (``Policy.reads_trace``) on
     ``segment``: ``result``, its run on another trace, with that trace's name and mean;
     ``same_run_as`` names the run, and ``wall_s`` is 0 (nothing was simulated)."""
     return {
         **result,
         "segment": segment,
-        "trace_mean_gpus": load_segment_or_csv(segment).mean(),
+        "trace_mean_gpus": load_segment_or_csv(segment, scale).mean(),
         "wall_s": 0.0,
         "same_run_as": source,
     }
@@ -294,7 +294,8 @@ class GridRunner:
 
     def _copy_runs(self, source: str) -> None:
         for key, segment in self._copies.pop(source, []):
-            self.keep(key, same_run(self.runs[source], source, segment))
+            scale = self.cfg.elastic.scale
+            self.keep(key, same_run(self.runs[source], source, segment, scale))
 
     def run_all(self, jobs: list[tuple[Point, str, int]], what: str) -> None:
         """Run every job of ``jobs`` not kept yet; raises ``RunsLost`` (the others kept) if

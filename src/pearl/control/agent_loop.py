@@ -104,7 +104,8 @@ async def run_trajectory(
     result = TrajectoryResult(sid, trajectory, started_at=clock.now())
     await clock.sleep(trajectory.env_setup_s)
     result.setup_s = clock.now() - result.started_at
-    context: list[int] | TokenRuns = TokenRuns.empty(config.vocab_size) if config.token_runs else []
+    # A list, or runs that act as one (TurnRequest.token_ids takes either).
+    context: list[int] = TokenRuns.empty(config.vocab_size) if config.token_runs else []  # type: ignore[assignment]
     kept_response: list[int] = []  # the previous response's tokens the context keeps
     kept_before = 0
     starts: list[int] = []  # where each observation starts in the context

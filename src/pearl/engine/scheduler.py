@@ -638,7 +638,7 @@ class Scheduler:
             return pinned, overlap
         if pinned is None:
             # Its token ids of the chunk's kind (a list, or the simulator's TokenRuns).
-            empty = token_ids[:0] if isinstance(token_ids, TokenRuns) else []
+            empty: list[int] = token_ids[:0] if isinstance(token_ids, TokenRuns) else []  # type: ignore[assignment]
             pinned = Sequence(
                 Request(f"kv-import:{session_id}", empty, session_id=session_id), 0, now
             )
