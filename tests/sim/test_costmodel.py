@@ -293,6 +293,7 @@ def test_decode_times_equal_stepping_decode_time(name, batch, context, steps, tp
         t += dt
         ends.append(t)
     assert iteration_ends(1234.5678, bulk) == ends
+    assert cost.decode_ends(1234.5678, batch, total, steps) == ends  # its one-pass form
 
 
 def test_linear_constants_are_the_fit_of_measured_h100_gemms():

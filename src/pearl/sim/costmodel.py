@@ -454,6 +454,16 @@ class CostModel:
             return []
         return self._decode_times(batch_size, total_context, steps).tolist()
 
+    def decode_ends(
+        self, start: float, batch_size: int, total_context: int, steps: int
+    ) -> list[float]:
+        """When each of those ``steps`` iterations ends, from ``start``: bitwise
+        ``pearl.sim.worker.iteration_ends(start, decode_times(...))``, in one numpy pass."""
+        if steps <= 0:
+            return []
+        times = self._decode_times(batch_size, total_context, steps)
+        return np.add.accumulate(np.concatenate(([start], times)))[1:].tolist()
+
     def _decode_times(self, batch_size: int, total_context: int, steps: int) -> np.ndarray:
         first = self.price(self._work((), batch_size, total_context))
         c, g = self.constants, self.gpu

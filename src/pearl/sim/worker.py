@@ -149,7 +149,7 @@ class SimulatedWorker:
         on_iteration: Callable[[str, float, float, SchedulerOutput, int], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
-        self.cost = cost
+        self.cost = cost  # a property: a phase change may reprice the worker (sim.fixed)
         self.config = config or SimEngineConfig()
         self.vocab_size = vocab_size
         self.weight_version = weight_version
@@ -176,6 +176,16 @@ class SimulatedWorker:
         self._pending_version: int | None = None
         self._kv_inbound = 0  # KV transfers on their way to this worker
         self._idle: tuple[TimeUse, float] | None = None  # (why, since) while idle
+
+    @property
+    def cost(self) -> IterationCost:
+        return self._cost
+
+    @cost.setter
+    def cost(self, cost: IterationCost) -> None:
+        self._cost = cost
+        # The cost model's bulk form of iteration_ends(decode_times), when it has one.
+        self._decode_ends = getattr(cost, "decode_ends", None)
 
     # -- RolloutWorker -----------------------------------------------------------
     @property
@@ -560,7 +570,10 @@ class SimulatedWorker:
         batch = len(decodes)
         k = self._steps_until_change(decodes)
         total = sum(s.num_tokens for s in decodes)
-        ends = iteration_ends(start, self.cost.decode_times(batch, total, k))
+        if self._decode_ends is not None:
+            ends = self._decode_ends(start, batch, total, k)
+        else:
+            ends = iteration_ends(start, self.cost.decode_times(batch, total, k))
         self._boundaries = ends
         interrupted = await self._sleep_until(ends[-1])
         steps = k
