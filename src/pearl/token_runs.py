@@ -275,16 +275,7 @@ class TokenRuns:
         runs compared as tuples, then tokens from the first run that differs on."""
         n = min(len(self), len(other)) if limit is None else min(limit, len(self), len(other))
         ra, rb = self._runs, other._runs
-        k = min(len(ra), len(rb))
-        if ra[:k] != rb[:k]:  # bisect on the first run that differs, in C-speed slices
-            lo, hi = 0, k
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if ra[lo:mid] == rb[lo:mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            k = lo
+        k = list_common_prefix(ra, rb, min(len(ra), len(rb)))  # whole runs alike
         done = self._ends[k - 1] if k else 0
         if done >= n:
             return n
@@ -352,6 +343,24 @@ class TokenRuns:
             keys.append(tuple(pieces))
             b += 1
         return keys
+
+
+def list_common_prefix(a: list, b: list, n: int) -> int:
+    """Length of the longest common prefix of lists ``a`` and ``b`` within their first ``n``
+    items: whole slices compared at C speed (one pass for equal prefixes, unless their last
+    items already differ), bisecting on the first difference, not a Python loop per item."""
+    if n == 0:
+        return 0
+    if a[n - 1] == b[n - 1] and (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def block_keys(token_ids, first: int, last: int, block_size: int) -> list[tuple[int, ...]]:

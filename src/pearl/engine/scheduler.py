@@ -35,7 +35,7 @@ from pearl.errors import (
     KVTransferError,
     RequestError,
 )
-from pearl.token_runs import TokenRuns
+from pearl.token_runs import TokenRuns, list_common_prefix
 
 
 class InFlight(StrEnum):
@@ -713,25 +713,10 @@ class Scheduler:
 def _common_prefix_length(a: Sequence_[int], b: Sequence_[int], limit: int | None = None) -> int:
     """Length of the longest common prefix of ``a`` and ``b`` (at most ``limit``).
 
-    Both must be the same sequence type (list vs list): slices are compared in bulk,
-    bisecting on the first difference, so the cost is a few C-speed passes, not a Python
-    loop per token. Two ``TokenRuns`` compare by runs (``TokenRuns.common_prefix``).
+    Both must be the same sequence type (list vs list, compared by C-speed slices:
+    ``list_common_prefix``), or two ``TokenRuns`` (compared by runs).
     """
     if isinstance(a, TokenRuns) and isinstance(b, TokenRuns):
         return a.common_prefix(b, limit)
     n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
-    if n == 0:
-        return 0
-    # Whole prefixes equal (an append), unless their last ids already differ (an edited
-    # context: the copies and the full comparison are skipped). A list of exactly n items
-    # is compared as it is: one copy of ~10^4 ids less (hot).
-    if a[n - 1] == b[n - 1] and (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return list_common_prefix(a, b, n)  # type: ignore[arg-type]
