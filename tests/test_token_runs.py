@@ -126,3 +126,18 @@ def test_literals_and_errors():
         r[::2]
     with pytest.raises(TypeError):
         hash(r)
+
+
+def test_runs_mean_the_same_in_another_process():
+    """A pool's id is a function of the pool: a pickled TokenRuns is the same ids in a
+    fresh interpreter."""
+    import pickle
+    import subprocess
+    import sys
+
+    runs, ids = build(random.Random(7))
+    code = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read()).tolist())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(runs), capture_output=True, check=True
+    )
+    assert out.stdout.decode().strip() == str(ids)

@@ -56,20 +56,17 @@ def _walk(pool: list[int], start: int, n: int) -> list[int]:
     return out
 
 
-# Pools by index (a run names its pool by a small int, so runs compare and hash as ints).
-_POOLS: list[list[int]] = []
-_POOL_INDEX: dict[tuple[int, int], int] = {}
-_POSITIONS: dict[int, dict[int, int]] = {}  # pool index -> {token id: its position}
+# Pools by id (a run names its pool by an int, so runs compare and hash as ints; the id is
+# a function of the pool, so runs mean the same in every process).
+_POOLS: dict[int, list[int]] = {}
+_POSITIONS: dict[int, dict[int, int]] = {}  # pool id -> {token id: its position}
 
 
 def pool_index(vocab_size: int, first_id: int) -> int:
-    """The index runs use for ``id_pool(vocab_size, first_id)``."""
-    key = (vocab_size, first_id)
-    index = _POOL_INDEX.get(key)
-    if index is None:
-        index = len(_POOLS)
-        _POOLS.append(id_pool(vocab_size, first_id))
-        _POOL_INDEX[key] = index
+    """The id runs use for ``id_pool(vocab_size, first_id)``: ``first_id << 32 | vocab_size``."""
+    index = (first_id << 32) | vocab_size
+    if index not in _POOLS:
+        _POOLS[index] = id_pool(vocab_size, first_id)
     return index
 
 
