@@ -58,16 +58,23 @@ def _walk(pool: list[int], start: int, n: int) -> list[int]:
 
 # Pools by id (a run names its pool by an int, so runs compare and hash as ints; the id is
 # a function of the pool, so runs mean the same in every process).
-_POOLS: dict[int, list[int]] = {}
+class _Pools(dict[int, list[int]]):
+    def __missing__(self, index: int) -> list[int]:
+        pool = self[index] = id_pool(index & 0xFFFFFFFF, index >> 32)
+        return pool
+
+
+_POOLS = _Pools()  # pool id -> the pool, made on first use (e.g. runs from another process)
 _POSITIONS: dict[int, dict[int, int]] = {}  # pool id -> {token id: its position}
 
 
 def pool_index(vocab_size: int, first_id: int) -> int:
     """The id runs use for ``id_pool(vocab_size, first_id)``: ``first_id << 32 | vocab_size``."""
-    index = (first_id << 32) | vocab_size
-    if index not in _POOLS:
-        _POOLS[index] = id_pool(vocab_size, first_id)
-    return index
+    if not 0 <= first_id < vocab_size < 1 << 32:
+        raise ValueError(
+            f"a pool needs 0 <= first_id < vocab_size < 2^32, got {first_id}, {vocab_size}"
+        )
+    return (first_id << 32) | vocab_size
 
 
 def _positions(pool: int) -> dict[int, int]:
