@@ -607,11 +607,46 @@ class Scheduler:
                 f"session {session_id!r} has a request in flight on this engine; import between turns"
             )
         pinned = self.sessions.get(session_id)
-        held = pinned.num_computed_tokens if pinned is not None else 0
-        held_tokens = (
-            pinned.token_ids if pinned is not None else []
-        )  # its first `held` are computed
+        overlap = self._check_continues(session_id, pinned, start, token_ids, prefix)
+        if overlap >= len(token_ids):
+            return pinned, overlap
+        if pinned is None:
+            # Its token ids of the chunk's kind (a list, or the simulator's TokenRuns).
+            empty: list[int] = token_ids[:0] if isinstance(token_ids, TokenRuns) else []  # type: ignore[assignment]
+            pinned = Sequence(
+                Request(f"kv-import:{session_id}", empty, session_id=session_id), 0, now
+            )
+            pinned.status = SequenceStatus.FINISHED
+        else:
+            self.sessions.pop(session_id)
+        held = start + overlap
         end = start + len(token_ids)
+        self._reserve_import(session_id, pinned, held, end)
+        del pinned.token_ids[held:]  # a sampled-but-uncomputed last token is dropped
+        pinned.token_ids.extend(token_ids[overlap:])
+        pinned.num_computed_tokens = end
+        pinned.telemetry.kv_tokens_imported += end - held
+        pinned.cacheable = pinned.cacheable and cacheable
+        if kv_version is None:
+            kv_version = self.weight_version
+        if pinned.kv_version is None or kv_version < pinned.kv_version:
+            pinned.kv_version = kv_version
+        self.blocks.commit(pinned)
+        self.sessions[session_id] = pinned
+        return pinned, overlap
+
+    def _check_continues(
+        self,
+        session_id: str,
+        pinned: Sequence | None,
+        start: int,
+        token_ids: Sequence_[int],
+        prefix: str | Sequence_[int],
+    ) -> int:
+        """How many leading tokens of a chunk starting at ``start`` the session holds
+        already; raises ``KVPrefixMismatch`` unless the chunk continues what it holds."""
+        held = pinned.num_computed_tokens if pinned is not None else 0
+        held_tokens = pinned.token_ids if pinned is not None else []  # first `held` computed
         if start > held:
             raise KVPrefixMismatch(
                 f"session {session_id!r}: engine holds {held} tokens but the chunk starts at {start}; "
@@ -634,22 +669,16 @@ class Scheduler:
             raise KVPrefixMismatch(
                 f"session {session_id!r}: the chunk's token ids differ from the held tokens [{start}, {held})"
             )
-        if overlap >= len(token_ids):
-            return pinned, overlap
-        if pinned is None:
-            # Its token ids of the chunk's kind (a list, or the simulator's TokenRuns).
-            empty: list[int] = token_ids[:0] if isinstance(token_ids, TokenRuns) else []  # type: ignore[assignment]
-            pinned = Sequence(
-                Request(f"kv-import:{session_id}", empty, session_id=session_id), 0, now
-            )
-            pinned.status = SequenceStatus.FINISHED
-        else:
-            self.sessions.pop(session_id)
-        # Reserve first (unpinning other sessions if needed) so a failure changes nothing.
+        return overlap
+
+    def _reserve_import(self, session_id: str, pinned: Sequence, held: int, end: int) -> None:
+        """Blocks for ``pinned`` (out of the sessions table) up to ``end`` tokens, unpinning
+        other sessions if needed; raises ``KVOutOfMemory`` with ``pinned`` put back (if it
+        held any) when they do not fit."""
         while True:
             try:
                 self.blocks.allocate(pinned, end)
-                break
+                return
             except OutOfBlocks as exc:
                 if not self.sessions:
                     if held:
@@ -658,18 +687,6 @@ class Scheduler:
                         f"session {session_id!r}: no KV memory for {end - held} more tokens ({exc})"
                     ) from exc
                 self.release_session(next(iter(self.sessions)))
-        del pinned.token_ids[held:]  # a sampled-but-uncomputed last token is dropped
-        pinned.token_ids.extend(token_ids[overlap:])
-        pinned.num_computed_tokens = end
-        pinned.telemetry.kv_tokens_imported += end - held
-        pinned.cacheable = pinned.cacheable and cacheable
-        if kv_version is None:
-            kv_version = self.weight_version
-        if pinned.kv_version is None or kv_version < pinned.kv_version:
-            pinned.kv_version = kv_version
-        self.blocks.commit(pinned)
-        self.sessions[session_id] = pinned
-        return pinned, overlap
 
     def invalidate_cached_kv(self) -> None:
         """New weights landed: no later request may attach KV the old ones computed. The
