@@ -141,3 +141,35 @@ def test_runs_mean_the_same_in_another_process():
         [sys.executable, "-c", code], input=pickle.dumps(runs), capture_output=True, check=True
     )
     assert out.stdout.decode().strip() == str(ids)
+
+
+@pytest.mark.parametrize("deployment", ["2C", "1P1D"])
+def test_a_simulated_batch_is_the_same_on_runs_as_on_lists(deployment):
+    """The engine's scheduler and block manager on TokenRuns contexts give what they give
+    on token lists: every turn's timing, tokens and cache hits, colocated and through PD
+    (KV moved between workers), on the paper's SWE workload (edited contexts)."""
+    from pearl.control.deployment import Deployment
+    from pearl.sim.costmodel import CostModel
+    from pearl.sim.fixed import simulate_fixed_rollout
+    from pearl.sim.hardware import get_gpu
+    from pearl.sim.shapes import load_model_shape
+    from pearl.workloads.agentic import generate_batch
+    from pearl.workloads.profiles import get_profile
+
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+    batch = generate_batch(get_profile("swe_paper"), num_tasks=2, group_size=4, seed=5)
+
+    def run(token_runs: bool):
+        report = simulate_fixed_rollout(
+            batch, cost, Deployment.parse(deployment), token_runs=token_runs
+        )
+        turns = [
+            (o.request_id, o.finish_reason, o.telemetry, list(o.token_ids))
+            for t in report.result.trajectories
+            for o in t.turns
+        ]
+        return report.makespan_s, turns
+
+    on_runs, on_lists = run(True), run(False)
+    assert on_runs[0] == on_lists[0]
+    assert on_runs[1] == on_lists[1]

@@ -176,13 +176,15 @@ def simulate_fixed_rollout(
     changes: Sequence[ScriptedChange] = (),
     wrap: Callable[[RolloutWorker], RolloutWorker] | None = None,
     phase_costs: Sequence[CostModel] = (),
+    token_runs: bool = True,
 ) -> FixedRolloutReport:
     """Run ``batch`` once on ``deployment`` in virtual time and report its makespan;
     ``changes`` reconfigure it mid-batch (a mode switch, a shrink) through the rebuilder,
     and with ``phase_costs`` (one per change) the workers' iterations are priced by that
     change's cost model from then on (a fit of the deployment it changes to);
     ``wrap`` replaces each worker handle the router sees (e.g. a timing proxy), as in
-    :func:`pearl.apps.fidelity.run_live_case`."""
+    :func:`pearl.apps.fidelity.run_live_case`. ``token_runs=False`` keeps contexts as
+    token lists instead of ``TokenRuns`` (the same results, slower: a check of the runs)."""
     if phase_costs and len(phase_costs) != len(changes):
         raise ValueError(
             f"{len(phase_costs)} phase costs for {len(changes)} changes: give one per change"
@@ -203,7 +205,7 @@ def simulate_fixed_rollout(
     async def main() -> BatchResult:
         seen = [wrap(w) for w in cluster.workers] if wrap is not None else list(cluster.workers)
         router = await cluster.deploy(deployment, seen)
-        config = AgentLoopConfig(vocab_size, token_seed)
+        config = AgentLoopConfig(vocab_size, token_seed, token_runs=token_runs)
         if not changes:
             return await run_rollout_batch(batch, router, AsyncioClock(), config)
 
