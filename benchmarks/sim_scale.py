@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/sim_scale.py                      # Qwen3-8B and Qwen3-30B-A3B
     .venv/bin/python benchmarks/sim_scale.py --workers 8 32 --models Qwen3-8B   # quick look
+    .venv/bin/python benchmarks/sim_scale.py --workers 2048 --models Qwen3-8B --memory-durations
+                                                                  # the fleet: batch 16,384
 
 Each size is one RL step (rollout of the whole batch, training, weight sync) of the
 ``pearl`` policy in the paper's regime (configs/headline_paper.yaml: the swe_paper workload,
@@ -19,8 +21,9 @@ for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak mem
 40 steps against after 5, for ``pearl`` (whose active set follows the trace, so a longer
 run also meets larger moments: more workers, more trajectories in flight) and for ``roll``
 (a fixed pool: every step holds the same, so any growth is what steps leave behind).
-Targets (issue 23): 512 workers x batch 4,096 in < 120 s and < 4 GB peak; memory after 40
-steps within 10% of after 5. Writes ``results/sim_scale.json``.
+Targets (issues 23 and 36): 512 workers x batch 4,096 in < 120 s and < 4 GB peak; 2,048
+workers x batch 16,384 in < 16 GB; memory after 40 steps within 10% of after 5. Writes
+``results/sim_scale.json``.
 """
 
 from __future__ import annotations
