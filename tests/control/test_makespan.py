@@ -169,3 +169,28 @@ def test_every_prediction_solves_its_own_equation(p, n_p, n_d):
             move = dL * p.kv_bytes_per_token / p.pd_bandwidth_bytes_per_s
             rhs = p.env_time_s + pred.decode_s + S * (dL * t * (1 + rho / (2 * (1 - rho))) + move)
         assert T == pytest.approx(rhs, rel=1e-7, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    workers=st.integers(1, 300),
+    b=st.sampled_from([0.0, 1e-5, 3e-4]),
+    t=st.floats(1e-7, 1e-2),
+    env=st.floats(0.0, 500.0),
+    batch=st.integers(1, 4096),
+    dL=st.integers(1, 50_000),
+)
+def test_all_splits_at_once_are_bitwise_each_split_alone(workers, b, t, env, batch, dL):
+    """disaggregated_splits (numpy lanes) gives exactly disaggregated(n_p, N - n_p) for
+    every split: overloaded prefill pools (rho >= 1 lanes) and free-decode cases too."""
+    from pearl.control.makespan import disaggregated_splits
+
+    p = params(
+        decode_step_per_sequence_s=b,
+        prefill_s_per_token=t,
+        env_time_s=env,
+        batch_trajectories=batch,
+        appended_tokens_per_turn=dL,
+    )
+    together = disaggregated_splits(p, workers)
+    assert together == [disaggregated(p, n_p, workers - n_p) for n_p in range(1, workers)]

@@ -10,7 +10,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from pearl.control.makespan import DecisionError, Prediction, WorkloadParams, predict
+from pearl.control.makespan import (
+    DecisionError,
+    Prediction,
+    WorkloadParams,
+    disaggregated_splits,
+    predict,
+)
 from pearl.control.state import Mode, Topology
 
 __all__ = ["DecisionError", "WorkloadParams"]  # re-exported: the engine's inputs
@@ -111,9 +117,9 @@ def evaluate_candidates(
         raise DecisionError(f"available workers N_k must be an int >= 1, got {workers!r}")
     colocated = Topology.colocation(workers)
     candidates = [Candidate(colocated, predict(p, colocated))]
-    for n_p in range(1, workers):
+    # Every split's prediction at once (disaggregated_splits: bitwise what predict gives).
+    for n_p, prediction in enumerate(disaggregated_splits(p, workers), start=1):
         split = Topology.split(n_p, workers - n_p)
-        prediction = predict(p, split)
         violations = split_violations(p, prediction, split.decode, config)
         candidates.append(Candidate(split, prediction, violations))
     return tuple(candidates)
