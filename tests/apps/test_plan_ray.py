@@ -122,3 +122,51 @@ def test_an_address_where_no_cluster_answers_is_a_clear_error(tmp_path, monkeypa
     with pytest.raises(ConfigError) as err:
         connect("127.0.0.1:1")
     assert "plan.ray_address" in str(err.value) and "ray start --head" in str(err.value)
+
+
+def test_a_plan_that_lost_a_node_resumes_running_only_the_lost_runs(tmp_path, cluster):
+    """A worker node removed mid-grid: the plan stops with RunsLost naming the runs it held,
+    every run that finished is kept, and --resume (on the node left) runs only the missing
+    ones."""
+    from pearl.apps.plan import load_plan_config, run_plan
+    from pearl.errors import RunsLost
+
+    c, nodes = cluster
+    args = plan_args(
+        tmp_path,
+        "lost",
+        f"plan.ray_address={c.address}",
+        "policies=[roll,pearl]",
+        "plan.check_seeds=0",
+        "rl.duration_s=900",
+    )
+    cfg = load_plan_config(args[2], args[3:])
+    runs = tmp_path / "lost" / "runs"
+    outcome: dict = {}
+
+    def plan() -> None:
+        try:
+            outcome["plan"] = run_plan(cfg)
+        except RunsLost as exc:
+            outcome["lost"] = exc
+
+    thread = threading.Thread(target=plan)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not (runs.is_dir() and any(p.suffix == ".json" for p in runs.iterdir())):
+        assert thread.is_alive() and time.monotonic() < deadline, outcome
+        time.sleep(0.1)
+    c.remove_node(nodes[0], allow_graceful=False)  # it holds a run: the next one, at least
+    thread.join(600)
+    assert not thread.is_alive(), "the plan did not end after losing a node"
+    assert "lost" in outcome, outcome
+    assert "died" in str(outcome["lost"]) and "--resume" in str(outcome["lost"])
+    kept = {p.name: p.stat().st_mtime_ns for p in runs.iterdir()}
+    assert kept and not (tmp_path / "lost" / "plan.json").exists()
+    done = CliRunner().invoke(app, ["plan", "--resume", str(tmp_path / "lost")])
+    assert done.exit_code == 0, done.output
+    plan = json.loads((tmp_path / "lost" / "plan.json").read_text())
+    assert plan["runs_kept_before"] == len(kept)
+    after = {p.name: p.stat().st_mtime_ns for p in runs.iterdir()}
+    assert {k: after[k] for k in kept} == kept  # what finished was not run again
+    assert len(after) == 8  # 2 pools x 2 traces x 2 policies (roll's second trace a copy)
