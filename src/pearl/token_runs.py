@@ -12,13 +12,15 @@ comparison, deletion) at a cost in runs, not tokens, plus ``common_prefix`` and
 
 Exactness. ``==`` and ``common_prefix`` equal the token-by-token answers always: where two
 sequences' runs differ they compare tokens until the first difference. A block's key
-determines its tokens, so equal keys mean equal blocks; the converse needs equal tokens to
-be stored as equal runs, which holds for the simulator's sequences because a token's run is
-fixed by where it came from (the same observation walk, the same sampled response) and runs
-are merged by one rule (``_push``: a run continuing the previous one in the same pool joins
-it). Tokens appended one at a time (``append``, a sampled token) continue the last run when
-they can, else start a run in the sampler's pool (``id_pool(vocab_size, 1)``, which
-``pearl.sim.worker`` samples from), else are kept as a one-token literal run.
+determines its tokens, so equal keys mean equal blocks. The converse needs equal tokens to
+be stored as equal runs, which is not so in general (``extend`` joins a run to the last one
+only in the same pool, ``append`` and ``extend_walk`` continue the last run of any pool) but
+holds on the simulator's paths: a token's run is fixed by where it came from (the same
+observation walk, the same sampled response, sliced and joined the same way on every path;
+a test runs a SWE batch on runs and on lists and compares every turn). Tokens appended one
+at a time (``append``, a sampled token) continue the last run when they can, else start a
+run in the sampler's pool (``id_pool(vocab_size, 1)``, which ``pearl.sim.worker`` samples
+from), else are kept as a one-token literal run.
 """
 
 from __future__ import annotations

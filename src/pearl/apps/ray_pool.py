@@ -10,7 +10,9 @@ the job's own exception is raised here with the task's traceback as a note. Leav
 call by any exception (Ctrl-C included) cancels every task still running.
 
 Every node must run this PEARL (the same package version, importable by the workers'
-Python), as ``pearl train`` on a cluster requires.
+Python), as ``pearl train`` on a cluster requires, and see the availability traces a run
+reads at the same path: the shipped segments need nothing; CSV traces (``elastic.segments``
+files, ``plan.spot``'s in the run folder) need a filesystem every node shares.
 """
 
 from __future__ import annotations
@@ -50,8 +52,15 @@ def _lost(exc: BaseException) -> str | None:
 
     if isinstance(exc, rex.RayTaskError):
         return None
-    if isinstance(exc, (rex.WorkerCrashedError, rex.NodeDiedError, rex.LocalRayletDiedError)):
-        return f"its Ray worker died ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    died = (
+        rex.WorkerCrashedError,
+        rex.NodeDiedError,
+        rex.LocalRayletDiedError,
+        rex.OutOfMemoryError,
+    )
+    if isinstance(exc, died):  # OutOfMemoryError: Ray's memory monitor killed the worker
+        first = (str(exc).splitlines() or [""])[0]
+        return f"its Ray worker died ({type(exc).__name__}: {first})"
     if isinstance(exc, (rex.ObjectLostError, rex.OwnerDiedError, rex.TaskCancelledError)):
         return f"its result was lost ({type(exc).__name__})"
     return None

@@ -184,8 +184,9 @@ class SimulatedWorker:
     @cost.setter
     def cost(self, cost: IterationCost) -> None:
         self._cost = cost
-        # The cost model's bulk form of iteration_ends(decode_times), when it has one.
-        self._decode_ends = getattr(cost, "decode_ends", None)
+        # The cost model's bulk form of iteration_ends(decode_times), when its class has one
+        # (not one a wrapper forwards: it may price decode_times its own way).
+        self._decode_ends = cost.decode_ends if hasattr(type(cost), "decode_ends") else None  # type: ignore[attr-defined]
 
     # -- RolloutWorker -----------------------------------------------------------
     @property
