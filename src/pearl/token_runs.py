@@ -203,10 +203,36 @@ class TokenRuns:
         a, b, _ = index.indices(len(self))
         if b <= a:
             return
-        tail = self[b:]
-        head = self[:a]
-        self._runs, self._ends = head._runs, head._ends
-        self.extend(tail)
+        tail = self._runs_from(b)
+        self._truncate(a)
+        for run in tail:  # joined where the head's last run continues into it
+            self._push(*run)
+
+    def _truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (``del self[n:]``), in place."""
+        runs, ends = self._runs, self._ends
+        if n <= 0:
+            runs.clear()
+            ends.clear()
+            return
+        i = bisect_right(ends, n - 1)  # the run holding token n - 1
+        del runs[i + 1 :], ends[i + 1 :]
+        p, s, m = runs[i]
+        runs[i] = (p, s, m - (ends[i] - n))
+        ends[i] = n
+
+    def _runs_from(self, n: int) -> list[tuple[int, int, int]]:
+        """The runs of tokens ``n ..`` (the first one cut to start at token ``n``)."""
+        runs, ends = self._runs, self._ends
+        if n >= len(self):
+            return []
+        i = bisect_right(ends, n)  # the run holding token n
+        out = runs[i:]
+        p, s, m = out[0]
+        cut = n - (ends[i] - m)
+        if cut:
+            out[0] = (p, s if p == LITERAL else (s + cut) % len(_POOLS[p]), m - cut)
+        return out
 
     # -- a list's queries -------------------------------------------------------------
     def __len__(self) -> int:

@@ -378,3 +378,22 @@ def test_a_shape_reads_its_architecture_fields_but_not_the_cpu_engines_propertie
     assert shape.kv_bytes_per_token == 2 * 2 * 4 * 16 * 2  # bf16 KV, not the engine's fp32
     with pytest.raises(AttributeError):
         shape.context_limit  # noqa: B018 - an engine property, not a shape field
+
+
+@pytest.mark.parametrize("name", ["Qwen3-8B", "Qwen3-30B-A3B"])
+def test_decode_steps_take_the_larger_attention_bound_with_or_without_the_shortcut(name):
+    # The fast-forward prices decode attention by the bound that is the larger at every
+    # context; with no such bound (None) it takes the elementwise max: the same, bitwise.
+    import dataclasses
+
+    cost = CostModel(get_gpu("H800"), load_model_shape(name), tp=2)
+    assert cost._attention_slope is not None
+    plain = dataclasses.replace(cost)
+    object.__setattr__(plain, "_attention_slope", None)
+    for batch, context, steps in [(1, 1, 1), (8, 20_000, 75), (256, 40_000, 300)]:
+        total = batch * context
+        assert cost.decode_ends(5.0, batch, total, steps) == plain.decode_ends(
+            5.0, batch, total, steps
+        )
+        # and the batch-fixed parts cached on first use price the same on later calls
+        assert cost.decode_times(batch, total, steps) == cost.decode_times(batch, total, steps)

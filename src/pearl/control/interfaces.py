@@ -7,6 +7,7 @@ against them only. Pure Python: no torch, no engine, no simulator imports.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 from dataclasses import dataclass, field
@@ -259,11 +260,7 @@ class AsyncioClock:
     """A ``Clock`` over the running asyncio loop: wall time live, virtual time in the simulator."""
 
     def now(self) -> float:
-        import asyncio
-
         return asyncio.get_running_loop().time()
 
     async def sleep(self, seconds: float) -> None:
-        import asyncio
-
         await asyncio.sleep(seconds)

@@ -160,43 +160,54 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow ``seq.block_table`` to cover ``num_tokens`` tokens, or raise ``OutOfBlocks``
         without changing anything."""
-        need = self.blocks_needed(seq, num_tokens)
-        if need == 0:
+        table = seq.block_table
+        need = -(-num_tokens // self.block_size) - len(table)
+        if need <= 0:
             return
-        if need > self.num_free_blocks:
+        free = self._free
+        if need > len(free) + self._num_evictable:
             raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
         # In bulk (this is hot in the simulator): never-cached blocks first, top of the
         # stack first, then the least recently used evictable ones.
-        free, ref, table = self._free, self._ref, seq.block_table
         take = min(need, len(free))
         if take:
             got = free[len(free) - take :]
             del free[len(free) - take :]
             got.reverse()
+            ref = self._ref
             for block_id in got:
                 ref[block_id] = 1
             table.extend(got)
-        if need > take:  # evict least recently freed blocks
-            lru, queued, hashes, by_hash = self._lru, self._queued, self._hash, self._by_hash
-            evicted: list[int] = []
-            while len(evicted) < need - take:
-                for block_id in [lru.popleft() for _ in range(need - take - len(evicted))]:
+        if need > take:
+            table.extend(self._evict(need - take))
+
+    def _evict(self, n: int) -> list[int]:
+        """Take the ``n`` least recently freed evictable blocks out of the cache, each
+        referenced once (for an allocation)."""
+        lru, queued, ref, hashes = self._lru, self._queued, self._ref, self._hash
+        popleft = lru.popleft
+        if len(lru) == self._num_evictable:  # one entry per evictable block, none stale
+            evicted = [popleft() for _ in range(n)]
+        else:
+            evicted = []
+            while len(evicted) < n:
+                for block_id in [popleft() for _ in range(n - len(evicted))]:
                     left = queued[block_id] - 1
                     queued[block_id] = left
                     if not left and not ref[block_id] and hashes[block_id] != NO_HASH:
                         evicted.append(block_id)  # its last entry, and still evictable
+        by_hash, owned = self._by_hash, self._owned
+        for block_id in evicted:  # each the cache's copy of its hash (it was queued)
+            del by_hash[hashes[block_id]]
+            hashes[block_id] = NO_HASH
+            owned[block_id] = 0
+            ref[block_id] = 1
+            queued[block_id] = 0
+        if self.verify_tokens:
             for block_id in evicted:
-                h = hashes[block_id]
-                if by_hash.get(h) == block_id:
-                    del by_hash[h]
-                hashes[block_id] = NO_HASH
-                self._owned[block_id] = 0
-                ref[block_id] = 1
-            if self.verify_tokens:
-                for block_id in evicted:
-                    self._tokens[block_id] = ()
-            table.extend(evicted)
-            self._num_evictable -= len(evicted)
+                self._tokens[block_id] = ()
+        self._num_evictable -= n
+        return evicted
 
     def free(self, block_ids: Seq[int]) -> None:
         """Drop one reference to each block; unreferenced cached blocks become evictable."""
@@ -207,8 +218,8 @@ class BlockManager:
             ref[block_id] = left
             if not left:
                 unreferenced.append(block_id)
-            else:
-                assert left > 0, f"block {block_id} freed twice"
+            elif left < 0:
+                raise AssertionError(f"block {block_id} freed twice")
         # The cache's own copies queue for eviction; the others (never hashed, or a
         # duplicate of a cached block) are free. By list operations: this is hot.
         owned = self._owned

@@ -265,6 +265,15 @@ class CostModel:
     _kv_token_bytes: float = field(init=False, repr=False, compare=False)
     _is_moe: bool = field(init=False, repr=False, compare=False)
     _linear_kernels: int = field(init=False, repr=False, compare=False)
+    # Decode attention's bounds, context * a / b: both (a, b) pairs' divisors, and the pair
+    # that is the larger at every context (None if neither always is); a decode step's
+    # batch-fixed parts.
+    _attention_divisors: tuple[float, float] = field(init=False, repr=False, compare=False)
+    _attention_slope: tuple[float, float] | None = field(init=False, repr=False, compare=False)
+    _decode_fixed: dict[int, tuple[float, float, float]] = field(
+        init=False, repr=False, compare=False
+    )
+    _range: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
@@ -307,6 +316,21 @@ class CostModel:
         setattr_(self, "_kv_token_bytes", m.kv_bytes_per_token * self._kv_shard)
         setattr_(self, "_is_moe", m.is_moe)
         setattr_(self, "_linear_kernels", 4 * m.num_hidden_layers + 1)
+        c, g = self.constants, self.gpu
+        flops = g.peak_flops * c.attention_compute_efficiency
+        memory = g.hbm_bandwidth_Bps * c.kv_memory_efficiency
+        setattr_(self, "_attention_divisors", (flops, memory))
+        # (context * a) / b rounds within 2 ulps of the exact value: a margin of 1e-9
+        # between the two slopes decides the max for every context, bitwise.
+        compute, kv = self._pair_flops / flops, self._kv_token_bytes / memory
+        slope = None
+        if compute > (1 + 1e-9) * kv:
+            slope = (self._pair_flops, flops)
+        elif kv > (1 + 1e-9) * compute:
+            slope = (self._kv_token_bytes, memory)
+        setattr_(self, "_attention_slope", slope)
+        setattr_(self, "_decode_fixed", {})
+        setattr_(self, "_range", np.arange(0, dtype=np.float64))
 
     # --- work ------------------------------------------------------------------------
 
@@ -461,20 +485,51 @@ class CostModel:
         ``pearl.sim.worker.iteration_ends(start, decode_times(...))``, in one numpy pass."""
         if steps <= 0:
             return []
-        times = self._decode_times(batch_size, total_context, steps)
-        return np.add.accumulate(np.concatenate(([start], times)))[1:].tolist()
+        ends = np.empty(steps + 1)
+        ends[0] = start
+        self._decode_times_into(ends[1:], batch_size, total_context)
+        return np.add.accumulate(ends, out=ends)[1:].tolist()
 
     def _decode_times(self, batch_size: int, total_context: int, steps: int) -> np.ndarray:
-        first = self.price(self._work((), batch_size, total_context))
-        c, g = self.constants, self.gpu
+        return self._decode_times_into(np.empty(steps), batch_size, total_context)
+
+    def _decode_times_into(
+        self, out: np.ndarray, batch_size: int, total_context: int
+    ) -> np.ndarray:
+        """Fill ``out`` with the decode steps' seconds (hot: every fast-forward; in place,
+        the parts fixed for a batch size cached, the same float operations in the same
+        order as the plain form ``fixed + attention(context) + communication + overhead``)."""
+        fixed = self._decode_fixed.get(batch_size)
+        if fixed is None:
+            first = self.price(self._work((), batch_size, total_context))
+            fixed = self._decode_fixed[batch_size] = (
+                first.linear_s + first.prefill_attention_s,
+                first.communication_s,
+                first.overhead_s,
+            )
+        before, communication, overhead = fixed
         # Only decode attention changes across the steps; it is linear in the context.
-        context = total_context + batch_size * np.arange(steps, dtype=np.float64)
-        attention = np.maximum(
-            context * self._pair_flops / (g.peak_flops * c.attention_compute_efficiency),
-            context * self._kv_token_bytes / (g.hbm_bandwidth_Bps * c.kv_memory_efficiency),
-        )
-        fixed_before = first.linear_s + first.prefill_attention_s
-        return fixed_before + attention + first.communication_s + first.overhead_s
+        np.multiply(self._steps_range(len(out)), batch_size, out=out)
+        out += total_context  # each step's context
+        slope = self._attention_slope
+        if slope is not None:  # one bound is the larger at every context
+            out *= slope[0]
+            out /= slope[1]
+        else:
+            flops, memory = self._attention_divisors
+            out[:] = np.maximum(out * self._pair_flops / flops, out * self._kv_token_bytes / memory)
+        out += before
+        out += communication
+        out += overhead
+        return out
+
+    def _steps_range(self, steps: int) -> np.ndarray:
+        """``np.arange(steps)`` as floats (a view of a cached range)."""
+        if len(self._range) < steps:
+            object.__setattr__(
+                self, "_range", np.arange(max(steps, 2 * len(self._range)), dtype=np.float64)
+            )
+        return self._range[:steps]
 
     def prefill_time(self, tokens: int, prior: int = 0) -> float:
         """Seconds for an iteration holding a single prefill chunk and nothing else."""
