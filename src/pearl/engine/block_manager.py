@@ -121,39 +121,21 @@ class BlockManager:
         first = seq.num_hashed_blocks
         if full <= first:
             return  # no block filled since the last commit (most calls)
-        table, hashes = seq.block_table, self._hash
+        table, hashes, by_hash, owned = seq.block_table, self._hash, self._by_hash, self._owned
+        verify = self.verify_tokens
         prev = hashes[table[first - 1]] if first else NO_HASH
-        blocks = block_keys(seq.token_ids, first, full, bs)
-        chain = []
-        for tokens in blocks:
-            prev = hash((prev, tokens))  # chain_hash, inlined (hot)
-            chain.append(prev)
-        mine = table[first:full]
-        # In bulk (hot in the simulator: ~10^7 blocks a large run): when every block is new
-        # to the cache and no hash is taken yet, which is the rule.
-        new = dict(zip(chain, mine, strict=True))
-        if (
-            len(new) == len(mine)
-            and list(map(hashes.__getitem__, mine)).count(NO_HASH) == len(mine)
-            and self._by_hash.keys().isdisjoint(new)
-        ):
-            owned = self._owned
-            for h, block_id in new.items():
-                hashes[block_id] = h
-                owned[block_id] = 1
-            self._by_hash.update(new)
-            if self.verify_tokens:
-                for block_id, tokens in zip(mine, blocks, strict=True):
+        # One plain loop (hot in the simulator: ~10^7 blocks a large run; measured faster
+        # than building the chain and checking it in bulk).
+        keys = block_keys(seq.token_ids, first, full, bs)
+        for block_id, tokens in zip(table[first:full], keys, strict=True):
+            prev = hash((prev, tokens))  # chain_hash, inlined
+            if hashes[block_id] == NO_HASH:
+                hashes[block_id] = prev
+                if verify:
                     self._tokens[block_id] = tokens
-        else:
-            for block_id, h, tokens in zip(mine, chain, blocks, strict=True):
-                if hashes[block_id] == NO_HASH:
-                    hashes[block_id] = h
-                    if self.verify_tokens:
-                        self._tokens[block_id] = tokens
-                    # A duplicate of an already cached block stays private; the first wins.
-                    if self._by_hash.setdefault(h, block_id) == block_id:
-                        self._owned[block_id] = 1
+                # A duplicate of an already cached block stays private; the first wins.
+                if by_hash.setdefault(prev, block_id) == block_id:
+                    owned[block_id] = 1
         seq.num_hashed_blocks = full
 
     # -- allocation -----------------------------------------------------------------
