@@ -141,11 +141,16 @@ OPS = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=OPS, num_blocks=st.integers(3, 14), block_size=st.sampled_from([1, 2, 3]))
+@given(
+    ops=OPS,
+    num_blocks=st.integers(3, 14),
+    block_size=st.sampled_from([1, 2, 3]),
+    verify_tokens=st.booleans(),
+)
 def test_the_block_manager_keeps_the_plain_references_state_under_random_use(
-    ops, num_blocks, block_size
+    ops, num_blocks, block_size, verify_tokens
 ):
-    fast = BlockManager(num_blocks, block_size, verify_tokens=False)
+    fast = BlockManager(num_blocks, block_size, verify_tokens=verify_tokens)
     fast.LRU_SLACK = 2  # compact often: both queue forms get used
     plain = PlainBlockManager(num_blocks, block_size)
     live: list[tuple[Sequence, Sequence]] = []  # (the fast one's, the plain one's)
@@ -161,9 +166,11 @@ def test_the_block_manager_keeps_the_plain_references_state_under_random_use(
             live.append(pair)
             op, a = "compute", len(live) - 1  # and compute the first b tokens
         if not live or op == "flush":
-            if op == "flush":
+            if op == "flush":  # new weights (Scheduler.invalidate_cached_kv)
                 fast.reset_prefix_cache()
                 plain.reset_prefix_cache()
+                for f, p in live:  # they keep their KV but never register it again
+                    f.cacheable = p.cacheable = False
             _same(fast, plain, live)
             continue
         k = a % len(live)

@@ -283,6 +283,10 @@ class BlockManager:
             assert self._ref[block_id] == count, (block_id, self._ref[block_id], count)
         free, evictable = set(self._free), set(self._evictable_in_lru_order())
         assert not free & evictable
+        # What eviction's shortcuts rely on: every evictable block is the cache's copy of
+        # its hash, and the queue holds an entry for each (more only when some are stale).
+        assert all(self._owned[b] for b in evictable)
+        assert len(self._lru) >= self._num_evictable == len(evictable)
         assert all(self._hash[b] == NO_HASH for b in free)
         held = {b for b in range(self.num_blocks) if self._ref[b] > 0}
         assert held.isdisjoint(free | evictable)
