@@ -142,10 +142,10 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow ``seq.block_table`` to cover ``num_tokens`` tokens, or raise ``OutOfBlocks``
         without changing anything."""
-        table = seq.block_table
-        need = -(-num_tokens // self.block_size) - len(table)
-        if need <= 0:
+        need = self.blocks_needed(seq, num_tokens)
+        if need == 0:
             return
+        table = seq.block_table
         free = self._free
         if need > len(free) + self._num_evictable:
             raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
