@@ -360,18 +360,18 @@ class TokenRuns:
                 if b * bs >= ends[i]:
                     i += 1
                 continue
-            # A block over several runs: its pieces.
-            pieces: list[int] = []
-            pos, end = a, a + bs
-            while pos < end:
+            # A block over several runs: its pieces, the first from where the block starts
+            # in run i, the others from their runs' starts (a run's start is kept reduced
+            # modulo its pool's size: the same piece as ``(s + 0) % size``).
+            e, end = ends[i], a + bs
+            pieces = [p, s if p == LITERAL else (s + a - e + m) % len(_POOLS[p]), min(e, end) - a]
+            while e < end:
+                i += 1
                 p, s, m = runs[i]
-                run_start = ends[i] - m
-                take = min(end, ends[i]) - pos
-                off = pos - run_start
-                pieces += (p, s if p == LITERAL else (s + off) % len(_POOLS[p]), take)
-                pos += take
-                if pos >= ends[i]:
-                    i += 1
+                pieces += (p, s, min(m, end - e))
+                e = ends[i]
+            if e == end:
+                i += 1
             keys.append(tuple(pieces))
             b += 1
         return keys

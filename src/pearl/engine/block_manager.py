@@ -206,15 +206,20 @@ class BlockManager:
         # duplicate of a cached block) are free. By list operations: this is hot.
         owned = self._owned
         cached = [b for b in unreferenced if owned[b]]
-        self._lru.extend(cached)
-        queued = self._queued
-        for block_id in cached:
-            queued[block_id] += 1
-        self._num_evictable += len(cached)
+        if cached:
+            self._lru.extend(cached)
+            queued = self._queued
+            for block_id in cached:
+                queued[block_id] += 1
+            self._num_evictable += len(cached)
         if len(cached) < len(unreferenced):
-            private = [b for b in unreferenced if not owned[b]]
-            for block_id in private:
-                self._reset(block_id)
+            private = [b for b in unreferenced if not owned[b]] if cached else unreferenced
+            hashes = self._hash
+            for block_id in private:  # hot after a flush, when nothing is cached
+                hashes[block_id] = NO_HASH
+            if self.verify_tokens:
+                for block_id in private:
+                    self._tokens[block_id] = ()
             self._free.extend(private)
         if len(self._lru) > 2 * self._num_evictable + self.LRU_SLACK:
             self._compact_lru()
@@ -249,6 +254,8 @@ class BlockManager:
 
     def _evictable_in_lru_order(self) -> list[int]:
         """The evictable blocks, least recently freed first (each block's last live entry)."""
+        if len(self._lru) == self._num_evictable:  # one entry per evictable block, none stale
+            return list(self._lru)
         ref, hashes, seen = self._ref, self._hash, set()
         newest_first = []
         for block_id in reversed(self._lru):
@@ -268,10 +275,6 @@ class BlockManager:
             queued[block_id] = 1
         self._lru = deque(live)
         self._queued = queued
-
-    def _reset(self, block_id: int) -> None:
-        self._hash[block_id] = NO_HASH
-        self._tokens[block_id] = ()
 
     def check_invariants(self, live_tables: list[list[int]]) -> None:
         """Assert reference counts equal the number of tables holding each block (tests)."""
