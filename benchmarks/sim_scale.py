@@ -15,6 +15,9 @@ turns), generated tokens, peak resident memory, and that peak less the process's
 before the run divided by the batch (memory per trajectory in flight); then the growth
 exponent of wall time and of memory in the batch size (least squares on log-log), and the
 decision engine's latency for 1,024 workers (median of 20 calls, prior parameters).
+Each size also reports its result's digest (``result_digest``: the step's rows and counters,
+wall-clock fields left out), so a speed-up can show it changed nothing: the same size gives
+the same digest before and after.
 Then the headline paper-regime run (4 reserved + up to 12 preemptible GPUs on segment2, or a
 constant number with ``--memory-available``)
 for ~5 and ~40 steps (``--memory-durations``), each in a fresh process: peak memory after
@@ -29,6 +32,7 @@ workers x batch 16,384 in < 16 GB; memory after 40 steps within 10% of after 5. 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -45,6 +49,22 @@ CONFIG = ROOT / "configs" / "headline_paper.yaml"
 GROUP = 16
 TRAINING_GPUS = 16
 TP = 2
+
+
+def result_digest(result: dict) -> str:
+    """The first 16 hex digits of the SHA-256 of a run's rows and counters, every field
+    whose name holds ``wall`` left out (they time the host, not the simulated world)."""
+
+    def simulated(x):
+        if isinstance(x, dict):
+            return {k: simulated(v) for k, v in x.items() if "wall" not in k}
+        if isinstance(x, list):
+            return [simulated(v) for v in x]
+        return x
+
+    kept = simulated({"rows": result["rows"], "counters": result["counters"]})
+    blob = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def one_step(model: str, workers: int, trace: str) -> dict:
@@ -86,6 +106,7 @@ def one_step(model: str, workers: int, trace: str) -> dict:
         "peak_mb": peak_mb,
         "before_mb": before_mb,
         "mb_per_trajectory": (peak_mb - before_mb) / batch,
+        "digest": result_digest(r),
     }
 
 
@@ -185,7 +206,8 @@ def main() -> None:
             f"{row['wall_s']:7.1f} s  {row['iterations']:9d} iterations "
             f"({row['fast_forwarded_iterations']} fast-forwarded)  "
             f"{(row['iterations'] + row['turns']) / row['wall_s']:8.0f} events/s  "
-            f"peak {row['peak_mb']:6.0f} MB  {1024 * row['mb_per_trajectory']:6.0f} KB/trajectory",
+            f"peak {row['peak_mb']:6.0f} MB  {1024 * row['mb_per_trajectory']:6.0f} KB/trajectory  "
+            f"digest {row['digest']}",
             flush=True,
         )
 

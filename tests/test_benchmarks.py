@@ -243,6 +243,14 @@ def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
     assert not res["lost"]
     assert [(r["workers"], r["batch"], r["steps"]) for r in res["rows"]] == [(2, 16, 1), (4, 32, 1)]
     assert all(r["iterations"] > 0 and r["turns"] > 0 and r["peak_mb"] > 0 for r in res["rows"])
+    # Each size's result digest, the same when the size runs again (what a speed-up that
+    # must not change results is checked by).
+    digests = [r["digest"] for r in res["rows"]]
+    assert len(set(digests)) == 2 and all(len(d) == 16 for d in digests)
+    bench = load("sim_scale")
+    trace = tmp_path / "reserved_only.csv"
+    trace.write_text("time_s,available\n0,0\n")
+    assert bench.one_step("Qwen3-8B", 2, str(trace))["digest"] == digests[0]
     assert "Qwen3-8B" in res["growth"] and res["decision_latency_ms_1024_workers"]["Qwen3-8B"] > 0
     (memory,) = res["memory_over_steps"]  # the memory run, at a constant availability
     assert (memory["policy"], memory["trace"], memory["duration_s"]) == (
