@@ -279,6 +279,34 @@ def test_import_errors_say_whether_the_prefix_differs_or_memory_is_short():
     sched.blocks.check_invariants(sched.all_block_tables())
 
 
+def test_kv_is_labelled_with_the_weights_installed_not_the_last_iterations():
+    """New weights land between iterations (``new_weights``). A request that hits KV
+    imported after that, before this engine ran an iteration, holds KV of the new weights
+    (a staleness check would otherwise see the old ones: a spurious StalenessError); KV
+    imported from an exporter still on older weights never enters the prefix cache (a hit
+    on it would be labelled with the new ones: staleness understated)."""
+    prompt = list(range(1, 13))  # 3 full blocks of 4
+    sched = make_scheduler(num_blocks=32, block_size=4, role=Role.COLOCATED)
+    sched.new_weights(1)
+    sched.import_session("a", 0, prompt, [], kv_version=1)  # computed elsewhere by v1
+    assert sched.blocks.num_cached_blocks == 3
+    sched.release_session("a")  # its blocks stay cached
+    submit(sched, "b", prompt + [99])
+    sched.schedule()
+    (b,) = sched.running
+    assert b.num_computed_tokens == 12 and b.kv_version == 1
+
+    old = make_scheduler(num_blocks=32, block_size=4, role=Role.COLOCATED)
+    old.new_weights(2)
+    old.import_session("c", 0, prompt, [], kv_version=1)  # the sender had not updated yet
+    assert old.blocks.num_cached_blocks == 0 and old.sessions["c"].kv_version == 1
+    old.release_session("c")
+    submit(old, "d", prompt + [99])
+    old.schedule()
+    (d,) = old.running
+    assert d.num_computed_tokens == 0  # no hit on the old weights' KV
+
+
 def test_sglang_mode_runs_prefill_batches_alone_and_first():
     from pearl.engine.scheduler import SchedulingMode
 

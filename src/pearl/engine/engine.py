@@ -395,10 +395,8 @@ class LLMEngine:
         if in_flight and not self._asleep:
             load_state_dict(self.model, state_dict, source=f"weights v{version}")
             self.weight_version = version
-            if self.config.flush_cache_on_weight_update:
-                self.scheduler.flush_prefix_cache()
-            else:  # sessions continue on their KV; no new request gets the old weights' KV
-                self.scheduler.invalidate_cached_kv()
+            # Sessions continue on their KV; no new request gets the old weights' KV.
+            self.scheduler.new_weights(version, self.config.flush_cache_on_weight_update)
             return
         if self.scheduler.has_work():
             raise EngineStateError(
@@ -414,7 +412,7 @@ class LLMEngine:
             for sid in list(self.scheduler.sessions):
                 self.scheduler.release_session(sid)
             self.blocks.reset_prefix_cache()
-        self.weight_version = version
+        self.weight_version = self.scheduler.weight_version = version
 
     def _restore_parameters(self, weights: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():

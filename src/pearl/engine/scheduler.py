@@ -144,8 +144,10 @@ class Scheduler:
         self.num_preemptions = 0
         self._finished_early: list[RequestOutput] = []  # finished while scheduling
         self._preempted_now: set[int] = set()
-        # The weights of the latest iteration (its owner sets the starting ones): the prefix
-        # cache holds only KV they computed (every weight update empties it).
+        # The engine's current weights (its owner sets the starting ones and reports each
+        # update, ``new_weights``; every iteration's postprocess states them too): the
+        # prefix cache holds only KV they computed (an update empties it, and imported KV
+        # of older weights never enters it).
         self.weight_version = 0
 
     # -- queries ------------------------------------------------------------------
@@ -626,9 +628,11 @@ class Scheduler:
         pinned.token_ids.extend(token_ids[overlap:])
         pinned.num_computed_tokens = end
         pinned.telemetry.kv_tokens_imported += end - held
-        pinned.cacheable = pinned.cacheable and cacheable
         if kv_version is None:
             kv_version = self.weight_version
+        # KV older than this engine's weights (computed before an update the sender had
+        # not had) continues its session but never enters the prefix cache.
+        pinned.cacheable = pinned.cacheable and cacheable and kv_version >= self.weight_version
         if pinned.kv_version is None or kv_version < pinned.kv_version:
             pinned.kv_version = kv_version
         self.blocks.commit(pinned)
@@ -687,6 +691,17 @@ class Scheduler:
                         f"session {session_id!r}: no KV memory for {end - held} more tokens ({exc})"
                     ) from exc
                 self.release_session(next(iter(self.sessions)))
+
+    def new_weights(self, version: int, flush: bool = False) -> None:
+        """Weights ``version`` were installed between two iterations: from now on a prefix
+        hit or an import is labelled with them (not with the last iteration's), and the
+        cache's old KV goes (``flush_prefix_cache`` with ``flush``, else
+        ``invalidate_cached_kv``)."""
+        self.weight_version = version
+        if flush:
+            self.flush_prefix_cache()
+        else:
+            self.invalidate_cached_kv()
 
     def invalidate_cached_kv(self) -> None:
         """New weights landed: no later request may attach KV the old ones computed. The

@@ -427,10 +427,8 @@ class SimulatedWorker:
                 await asyncio.sleep(pause)
             if self._pending_version is not None:
                 self.weight_version, self._pending_version = self._pending_version, None
-                if self.config.flush_cache_on_weight_update:
-                    sched.flush_prefix_cache()
-                else:  # as the live engine: no new request attaches the old weights' KV
-                    sched.invalidate_cached_kv()
+                # As the live engine: no new request attaches the old weights' KV.
+                sched.new_weights(self.weight_version, self.config.flush_cache_on_weight_update)
             if not sched.has_work():
                 await self._idle_until_woken()
                 continue
