@@ -29,7 +29,7 @@ from pearl.report.run_folder import RunFolder
 from pearl.report.tables import steps_table, throughput_table, time_table
 from pearl.report.tensorboard import ScalarLog
 from pearl.sim.build import build_setting
-from pearl.sim.policy_run import RLRunResult, run_policy
+from pearl.sim.policy_run import RLRunResult, RLSetting, run_policy
 from pearl.workloads.availability import (
     SEGMENTS,
     AvailabilityTrace,
@@ -179,6 +179,9 @@ def _record_runs(run: RunFolder, runs: list[dict]) -> None:
 def run_experiment(
     cfg: RLExperimentConfig, log: Callable[[str], None] = logger.info
 ) -> ExperimentOutcome:
+    """Every policy on every segment, each run kept in the run folder as it finishes; then
+    the summary, tables and report. Raises ``RunsLost`` (the finished runs kept and
+    reported) if a run's process died, ``RunStopped`` on Ctrl-C or SIGTERM."""
     start = time.perf_counter()
     warnings = segment_warnings(cfg)  # fails fast on a bad trace, before any run starts
     setting = build_setting(cfg)
@@ -187,7 +190,24 @@ def run_experiment(
     for warning in warnings:
         log(f"warning: {warning}")
         run.event({"kind": "warning", "message": warning})
-    log(
+    log(_describe(cfg, setting))
+    jobs = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
+    results, lost = _run_all(cfg, run, jobs, log)
+    if lost:
+        _report_lost(cfg, run, jobs, results, lost, setting.cost.tp, warnings)
+    runs = [results[j] for j in jobs]  # config order, whatever order they finished in
+    _record_runs(run, runs)
+    wall = time.perf_counter() - start
+    run.summary(_summary(setting, cfg.elastic.segments, runs, warnings, wall))
+    run.close()
+    table, report = write_tables_and_report(cfg, runs, run.path, setting.cost.tp, warnings)
+    log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes); report: {report}")
+    return ExperimentOutcome(str(run.path), runs, table, wall, time_table(runs))
+
+
+def _describe(cfg: RLExperimentConfig, setting: RLSetting) -> str:
+    """The experiment in one line: model, cluster, workload, engine, policies x segments."""
+    return (
         f"{setting.cost.model.name} TP{setting.cost.tp} {setting.cost.gpu.name}; "
         f"{setting.training_gpus} training + {setting.reserved_gpus} reserved + up to "
         f"{setting.max_preemptible_gpus} preemptible GPUs; workload {setting.profile.name} "
@@ -196,8 +216,18 @@ def run_experiment(
         f"{len(cfg.policies)} policies x "
         f"{len(cfg.elastic.segments)} segments of {cfg.rl.duration_s:.0f} s"
     )
-    jobs = [(p, s) for s in cfg.elastic.segments for p in cfg.policies]
+
+
+def _run_all(
+    cfg: RLExperimentConfig,
+    run: RunFolder,
+    jobs: list[tuple[str, str]],
+    log: Callable[[str], None],
+) -> tuple[dict[tuple[str, str], dict], dict[str, str]]:
+    """Run ``jobs`` in processes, keeping each finished run at once; the finished runs by
+    (policy, segment) and the lost ones with why. Raises ``RunStopped`` if interrupted."""
     results: dict[tuple[str, str], dict] = {}
+    lost: dict[str, str] = {}
 
     def finished(result: dict) -> None:
         """Keep a finished run at once (``runs/<policy>@<segment>.json``, written whole
@@ -211,8 +241,6 @@ def run_experiment(
         partial.replace(path)
         results[(result["policy"], result["segment"])] = result
         bar.advance(_one_line(result))
-
-    lost: dict[str, str] = {}
 
     def died(job: tuple[str, str], reason: str) -> None:
         key = f"{job[0]}@{job[1]}"
@@ -230,41 +258,50 @@ def run_experiment(
             f"interrupted: {len(keys)} of {len(jobs)} runs finished; their results are in "
             f"{run.path / 'runs'}"
         ) from None
-    if lost:
-        keys = _close_partial(run, jobs, lost)
-        finished_runs = [results[j] for j in jobs if j in results]
-        if finished_runs:
-            write_tables_and_report(cfg, finished_runs, run.path, setting.cost.tp, warnings)
-        which = "; ".join(f"{k}: {why}" for k, why in lost.items())
-        raise RunsLost(
-            f"{len(lost)} of {len(jobs)} runs lost ({which}). The {len(keys)} finished runs "
-            f"are kept in {run.path / 'runs'}"
-            + (" and shown in report.html" if finished_runs else "")
-            + "; run the lost ones again with policies=[...] elastic.segments=[...]"
-        )
-    runs = [results[j] for j in jobs]  # config order, whatever order they finished in
-    _record_runs(run, runs)
-    wall = time.perf_counter() - start
-    run.summary(
-        {
-            "complete": True,
-            "warnings": warnings,
-            "model": setting.cost.model.name,
-            "workload": setting.profile.name,
-            "throughput_tokens_per_s": {
-                s: {r["policy"]: r["throughput"] for r in runs if r["segment"] == s}
-                for s in cfg.elastic.segments
-            },
-            "steps": {f"{r['policy']}@{r['segment']}": r["steps"] for r in runs},
-            "counters": {f"{r['policy']}@{r['segment']}": r["counters"] for r in runs},
-            "wall_s": wall,
-            "run_wall_s": {f"{r['policy']}@{r['segment']}": r["wall_s"] for r in runs},
-        }
+    return results, lost
+
+
+def _report_lost(
+    cfg: RLExperimentConfig,
+    run: RunFolder,
+    jobs: list[tuple[str, str]],
+    results: dict[tuple[str, str], dict],
+    lost: dict[str, str],
+    tp: int,
+    warnings: list[str],
+) -> None:
+    """Close the folder of an experiment that lost runs (the finished ones kept, tabled and
+    reported) and raise ``RunsLost`` saying how to run the lost ones again."""
+    keys = _close_partial(run, jobs, lost)
+    finished_runs = [results[j] for j in jobs if j in results]
+    if finished_runs:
+        write_tables_and_report(cfg, finished_runs, run.path, tp, warnings)
+    which = "; ".join(f"{k}: {why}" for k, why in lost.items())
+    raise RunsLost(
+        f"{len(lost)} of {len(jobs)} runs lost ({which}). The {len(keys)} finished runs "
+        f"are kept in {run.path / 'runs'}"
+        + (" and shown in report.html" if finished_runs else "")
+        + "; run the lost ones again with policies=[...] elastic.segments=[...]"
     )
-    run.close()
-    table, report = write_tables_and_report(cfg, runs, run.path, setting.cost.tp, warnings)
-    log(f"{len(runs)} runs in {wall:.1f} s wall ({cfg.processes} processes); report: {report}")
-    return ExperimentOutcome(str(run.path), runs, table, wall, time_table(runs))
+
+
+def _summary(
+    setting: RLSetting, segments: list[str], runs: list[dict], warnings: list[str], wall: float
+) -> dict:
+    """``summary.json`` of a complete experiment."""
+    return {
+        "complete": True,
+        "warnings": warnings,
+        "model": setting.cost.model.name,
+        "workload": setting.profile.name,
+        "throughput_tokens_per_s": {
+            s: {r["policy"]: r["throughput"] for r in runs if r["segment"] == s} for s in segments
+        },
+        "steps": {f"{r['policy']}@{r['segment']}": r["steps"] for r in runs},
+        "counters": {f"{r['policy']}@{r['segment']}": r["counters"] for r in runs},
+        "wall_s": wall,
+        "run_wall_s": {f"{r['policy']}@{r['segment']}": r["wall_s"] for r in runs},
+    }
 
 
 def _close_partial(run: RunFolder, jobs: list[tuple[str, str]], lost: dict[str, str]) -> list[str]:

@@ -291,63 +291,86 @@ def run_policy(
     )
     layout = cluster.layout_for(policy, availability.mean)
     world = _world(setting, layout.training_base)
-    events: list[dict] = []
-    rollout_gpus: list[tuple[float, int]] = []
-    reserved_gpus = layout.reserved_workers * layout.tp
-
-    async def main() -> tuple[list[StepRecord], float, dict, list[dict], list[dict]]:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()  # reset once the initial workers are up
-
-        def log(event: dict) -> None:
-            t = round(max(0.0, event.get("t", loop.time()) - t0), 6)
-            events.append({**event, "t": t})
-            if event["kind"] == "availability" and t > 0:  # the budget behind each step
-                rollout_gpus.append((t, reserved_gpus + event["budget_gpus"]))
-
-        driver = RunDriver(world, policy, cluster, availability, setting.decision, log, decider)
-        plane = driver.plane
-        active = ActiveWorkerSeconds(loop)
-        plane.table.listeners.append(active)
-        await driver.start()
-        t0 = loop.time()
-        rollout_gpus.append((0.0, reserved_gpus + plane.elastic.budget_gpus))
-        profile = setting.profile
-        breakdown = TimeBreakdown(plane, active)
-        records = await driver.run(
-            lambda i: step_batch(profile, setting.seed, i),
-            # Records keep only counts unless the caller inspects the turns (keep_results).
-            AgentLoopConfig(
-                vocab_size=cost.model.vocab_size, keep_tokens=setting.keep_results, token_runs=True
-            ),
-            PipelineConfig(
-                num_steps=1_000_000,
-                max_staleness=setting.max_staleness,
-                overlap_batches=setting.overlap_batches,
-                deadline_s=setting.duration_s,
-                keep_results=setting.keep_results,
-            ),
-            listener=breakdown,
-        )
-        counters = _run_counters(plane, events)
-        counters["sim_turns"] = sum(r.turns for r in records)
-        for w in plane.all_workers():
-            w.close()
-        return records, t0, counters, breakdown.rows, active.timeline
-
-    (records, t0, counters, time_rows, timeline), _ = run_virtual(main)
+    log = _RunLog(layout.reserved_workers * layout.tp)
+    (records, counters, time_rows, timeline), _ = run_virtual(
+        lambda: _simulate(setting, policy, cluster, availability, world, decider, log)
+    )
     for rec, times in zip(records, time_rows, strict=False):
         rec.time_breakdown = times
-    _from_start(records, timeline, t0)
+    _from_start(records, timeline, log.t0)
     return RLRunResult(
         policy=policy.name,
         trace=trace.source if trace is not None else "",
         records=records,
         started_at=0.0,
-        events=events,
+        events=log.events,
         timeline=timeline,
-        rollout_gpus=rollout_gpus,
+        rollout_gpus=log.rollout_gpus,
         counters=counters,
         wall_s=time.perf_counter() - wall,
         window_s=setting.duration_s,
     )
+
+
+class _RunLog:
+    """The run's elastic events and rollout-GPU budget over time, in seconds from the start
+    of the run (``t0``: reset once the initial workers are up)."""
+
+    def __init__(self, reserved_gpus: int) -> None:
+        self.reserved_gpus = reserved_gpus
+        self.loop: asyncio.AbstractEventLoop | None = None  # the run's (set as it starts)
+        self.t0 = 0.0
+        self.events: list[dict] = []
+        self.rollout_gpus: list[tuple[float, int]] = []
+
+    def __call__(self, event: dict) -> None:
+        assert self.loop is not None  # events come from the running simulation
+        t = round(max(0.0, event.get("t", self.loop.time()) - self.t0), 6)
+        self.events.append({**event, "t": t})
+        if event["kind"] == "availability" and t > 0:  # the budget behind each step
+            self.rollout_gpus.append((t, self.reserved_gpus + event["budget_gpus"]))
+
+
+async def _simulate(
+    setting: RLSetting,
+    policy: Policy,
+    cluster: ClusterSize,
+    availability: Availability,
+    world: SimWorld,
+    decider: RoleDecider | None,
+    log: _RunLog,
+) -> tuple[list[StepRecord], dict, list[dict], list[dict]]:
+    """The run in virtual time: start the initial workers, run RL steps until the deadline;
+    the step records, counters, time breakdown per step and role timeline."""
+    loop = log.loop = asyncio.get_running_loop()
+    log.t0 = loop.time()
+    driver = RunDriver(world, policy, cluster, availability, setting.decision, log, decider)
+    plane = driver.plane
+    active = ActiveWorkerSeconds(loop)
+    plane.table.listeners.append(active)
+    await driver.start()
+    log.t0 = loop.time()
+    log.rollout_gpus.append((0.0, log.reserved_gpus + plane.elastic.budget_gpus))
+    breakdown = TimeBreakdown(plane, active)
+    records = await driver.run(
+        lambda i: step_batch(setting.profile, setting.seed, i),
+        # Records keep only counts unless the caller inspects the turns (keep_results).
+        AgentLoopConfig(
+            vocab_size=setting.cost.model.vocab_size,
+            keep_tokens=setting.keep_results,
+            token_runs=True,
+        ),
+        PipelineConfig(
+            num_steps=1_000_000,
+            max_staleness=setting.max_staleness,
+            overlap_batches=setting.overlap_batches,
+            deadline_s=setting.duration_s,
+            keep_results=setting.keep_results,
+        ),
+        listener=breakdown,
+    )
+    counters = _run_counters(plane, log.events)
+    counters["sim_turns"] = sum(r.turns for r in records)
+    for w in plane.all_workers():
+        w.close()
+    return records, counters, breakdown.rows, active.timeline
