@@ -409,9 +409,7 @@ class LLMEngine:
             self._host_weights = {n: p.detach().clone() for n, p in probe.named_parameters()}
         else:
             load_state_dict(self.model, state_dict, source=f"weights v{version}")
-            for sid in list(self.scheduler.sessions):
-                self.scheduler.release_session(sid)
-            self.blocks.reset_prefix_cache()
+            self.scheduler.new_weights(version, flush=True)  # idle: sessions and cache go
         self.weight_version = self.scheduler.weight_version = version
 
     def _restore_parameters(self, weights: Mapping[str, torch.Tensor]) -> None:
