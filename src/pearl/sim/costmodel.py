@@ -480,15 +480,15 @@ class CostModel:
 
     def decode_ends(
         self, start: float, batch_size: int, total_context: int, steps: int
-    ) -> list[float]:
+    ) -> np.ndarray:
         """When each of those ``steps`` iterations ends, from ``start``: bitwise
-        ``pearl.sim.worker.iteration_ends(start, decode_times(...))``, in one numpy pass."""
-        if steps <= 0:
-            return []
-        ends = np.empty(steps + 1)
+        ``pearl.sim.worker.iteration_ends(start, decode_times(...))``, in one numpy pass,
+        as an array (a fast-forward reads only a few of them: its last, and where a
+        command cut it short; about half the steps priced are never run)."""
+        ends = np.empty(max(0, steps) + 1)
         ends[0] = start
         self._decode_times_into(ends[1:], batch_size, total_context)
-        return np.add.accumulate(ends, out=ends)[1:].tolist()
+        return np.add.accumulate(ends, out=ends)[1:]
 
     def _decode_times(self, batch_size: int, total_context: int, steps: int) -> np.ndarray:
         return self._decode_times_into(np.empty(steps), batch_size, total_context)

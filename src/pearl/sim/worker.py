@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import zlib
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -167,7 +167,7 @@ class SimulatedWorker:
         self._inbox: list[Callable[[], None]] = []
         # End times of the iterations in progress (one, or a fast-forwarded stretch): a
         # query lands at the next one, as on a live worker, without cutting the stretch.
-        self._boundaries: list[float] = []
+        self._boundaries: Sequence[float] = []  # a list, or a fast-forward's array
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._wakeup: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -387,9 +387,9 @@ class SimulatedWorker:
         if not self.config.calls_wait_for_iteration:
             return
         now = asyncio.get_running_loop().time()
-        ends = self._boundaries
-        if ends and ends[-1] > now:
-            await asyncio.sleep(ends[bisect_right(ends, now)] - now)
+        ends = self._boundaries  # a list, or a fast-forward's array
+        if len(ends) and ends[-1] > now:
+            await asyncio.sleep(float(ends[bisect_right(ends, now)]) - now)
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -569,24 +569,27 @@ class SimulatedWorker:
         batch = len(decodes)
         k = self._steps_until_change(decodes)
         total = sum(s.num_tokens for s in decodes)
+        # An array: a command cuts most stretches short, so only the ends read are made floats.
         if self._decode_ends is not None:
             ends = self._decode_ends(start, batch, total, k)
         else:
-            ends = iteration_ends(start, self.cost.decode_times(batch, total, k))
+            ends = np.array(iteration_ends(start, self.cost.decode_times(batch, total, k)))
         self._boundaries = ends
-        interrupted = await self._sleep_until(ends[-1])
+        end = float(ends[-1])
+        interrupted = await self._sleep_until(end)
         steps = k
         if interrupted:
             now = asyncio.get_running_loop().time()
-            steps = bisect_left(ends, now) + 1  # iterations done, plus the one in progress
-            steps = min(steps, k)
+            # iterations done, plus the one in progress (bisect_left's index)
+            steps = min(int(ends.searchsorted(now, "left")) + 1, k)
             self._boundaries = ends[:steps]
-            await asyncio.sleep(max(0.0, ends[steps - 1] - now))
+            end = float(ends[steps - 1])
+            await asyncio.sleep(max(0.0, end - now))
         self._apply_decode_steps(out, steps)
         c = self.counters
         c.fast_forwards += 1
         c.fast_forwarded_iterations += steps
-        self._account(out, start, ends[steps - 1] - start, iterations=steps)
+        self._account(out, start, end - start, iterations=steps)
         now = asyncio.get_running_loop().time()
         # The last iteration's tokens go through the normal path (finishing sequences).
         self._finish(self._postprocess(out, now))
