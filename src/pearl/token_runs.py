@@ -170,7 +170,15 @@ class TokenRuns:
         at a time gives, in one step."""
         pool = self._sampler
         ids = _POOLS[pool]
-        start %= len(ids)
+        size = len(ids)
+        start %= size
+        runs = self._runs
+        if runs and n > 0:  # the common case, the loop's first pass: the sampler's run goes on
+            p, s, m = runs[-1]
+            if p == pool and (s + m) % size == start:
+                runs[-1] = (p, s, m + n)
+                self._ends[-1] += n
+                return
         while n > 0:
             if not self._continues_with(ids[start]):
                 self._runs.append((pool, start, n))

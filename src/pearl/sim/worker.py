@@ -532,12 +532,16 @@ class SimulatedWorker:
         # A waiting request could be admitted next iteration unless the sequence cap is reached.
         return not sched.waiting or len(sched.running) >= sched.config.max_num_seqs
 
-    def _steps_until_change(self, decodes: list[EngineSequence]) -> int:
+    def _steps_until_change(self, decodes: list[EngineSequence]) -> tuple[int, int]:
+        """How many decode steps the batch runs before a sequence finishes or memory runs
+        out, and the tokens of the batch's contexts now."""
         max_len = self.scheduler.config.max_model_len
         steps = max_len
+        total = 0
         lengths = []  # (tokens, blocks held) of each sequence
         for s in decodes:  # hot: one pass, no properties
             n = len(s.token_ids)
+            total += n
             left = s.sampling.max_new_tokens - (n - s.num_prompt_tokens)
             steps = min(steps, left, max_len - n)
             lengths.append((n, len(s.block_table)))
@@ -554,7 +558,7 @@ class SimulatedWorker:
             return total
 
         if need(steps) <= free:
-            return steps  # the common case: memory is not the limit
+            return steps, total  # the common case: memory is not the limit
         lo, hi = 1, steps
         while lo < hi:  # largest k whose extra blocks (beyond step 1, already reserved) fit
             mid = (lo + hi + 1) // 2
@@ -562,13 +566,12 @@ class SimulatedWorker:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo, total
 
     async def _fast_forward(self, out: SchedulerOutput, start: float) -> None:
         decodes = out.decodes
         batch = len(decodes)
-        k = self._steps_until_change(decodes)
-        total = sum(s.num_tokens for s in decodes)
+        k, total = self._steps_until_change(decodes)
         # An array: a command cuts most stretches short, so only the ends read are made floats.
         if self._decode_ends is not None:
             ends = self._decode_ends(start, batch, total, k)
