@@ -139,6 +139,20 @@ COLLECTIVE_TIMEOUT_S = 120
 """How long a trainer process waits in a collective for the others (one that died)."""
 
 
+@dataclass(slots=True, frozen=True)
+class _LossTerms:
+    """A batch's terms of the GRPO loss, fixed before any sample is scored
+    (``GRPOTrainer._loss_terms``)."""
+
+    advantage: torch.Tensor  # per sample
+    weights: torch.Tensor | None  # per sample (None: token-mean)
+    divisor: float
+    clip: tuple[float, float]  # (low, high)
+    useful: list[int]  # the samples scored: a nonzero advantage, not masked
+    overlong: list[bool]  # masked: cut by the context limit (mask_overlong)
+    total: int  # loss tokens of the batch
+
+
 class DeviceLentError(RuntimeError):
     """The trainer was asked to step while its device is lent to rollout."""
 
@@ -498,6 +512,41 @@ class GRPOTrainer:
         take the ratio against, aligned with each sample's tokens (``score``'s output;
         default: the engine's behaviour log-probabilities, or with ``recompute_logprobs``
         the current weights')."""
+        batch = self._loss_terms(samples, advantage)
+        self.optimizer.zero_grad(set_to_none=True)
+        # loss, tokens, clipped, ratios, entropy, kl, |trainer - engine| log-prob sum
+        sums = torch.zeros(7, dtype=torch.float64)
+        mismatch_max = torch.zeros(1, dtype=torch.float64)
+        for part, weight in self._my_share(samples, batch.useful):
+            loss, measured, gap = self._part_loss(part, batch, old)
+            # Each process's loss is its share of the batch's weighted token sum; FSDP
+            # averages the processes' gradients (gloo has no pre-scaled sum), so scaling by
+            # their number makes the average the sum.
+            scale = weight * self.world
+            (loss * scale if scale != 1.0 else loss).backward()
+            if weight:
+                sums += torch.tensor([float(loss.detach()), *measured], dtype=torch.float64)
+                if gap.numel():
+                    mismatch_max = torch.maximum(mismatch_max, gap.max().double().cpu().view(1))
+        sums, mismatch_max = self._batch_totals(sums, mismatch_max)
+        loss_sum, tokens, clipped, ratio_sum, entropy_sum, kl_sum, gap_sum = sums.tolist()
+        return {
+            "loss": loss_sum,
+            "tokens": tokens,
+            "clipped": clipped,
+            "ratio_sum": ratio_sum,
+            "entropy_sum": entropy_sum,
+            "kl_sum": kl_sum,
+            "mismatch_sum": gap_sum,
+            "mismatch_max": float(mismatch_max[0]),
+            "batch_tokens": float(batch.total),
+            "scored_trajectories": float(len(batch.useful)),
+            "overlong_masked": float(sum(batch.overlong)),
+        }
+
+    def _loss_terms(self, samples: list[TrainSample], advantage: list[float] | None) -> _LossTerms:
+        """What the loss of a batch needs before any sample is scored: advantages, the
+        masked trajectories, the aggregation's weights and divisor, the clip range."""
         cfg = self.config
         if advantage is None:
             advantage = advantages(
@@ -517,94 +566,85 @@ class GRPOTrainer:
         if cfg.loss_agg_mode != "token-mean":
             seq = sequence_weights(counts, cfg.loss_agg_mode, cfg.loss_norm_tokens)
             weights = torch.tensor(seq, dtype=torch.float32)
-        divisor = float(max(1, total)) if weights is None else 1.0
-        clip = (cfg.clip_eps, cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high)
-        # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
-        # gradient: it is not scored at all (the result is exactly the full batch's).
-        useful = [i for i, a in enumerate(advantage) if a != 0.0 and not overlong[i]]
-        per_sample = torch.tensor(advantage, dtype=torch.float32)
-        self.optimizer.zero_grad(set_to_none=True)
-        # loss, tokens, clipped, ratios, entropy, kl, |trainer - engine| log-prob sum
-        sums = torch.zeros(7, dtype=torch.float64)
-        mismatch_max = torch.zeros(1, dtype=torch.float64)
-        for part, weight in self._my_share(samples, useful):
-            entropy: list[float] = []
-            logprobs = self._token_logprobs(part, entropy).unsqueeze(1)  # [N, 1]: a token a row
-            ones = torch.ones_like(logprobs)
-            behaviour = part.behaviour.to(self.device).unsqueeze(1)
-            ratio_base, is_weights = behaviour, None
-            if old is not None:  # the step's own, scored before its first update
-                where = zip(part.sample.tolist(), part.offsets.tolist(), strict=True)
-                ratio_base = torch.tensor(
-                    [old[i][t] for i, t in where], dtype=torch.float32, device=self.device
-                ).unsqueeze(1)
-            elif cfg.recompute_logprobs:  # one update a batch: the step's own = these
-                ratio_base = logprobs.detach()
-            if cfg.recompute_logprobs:
-                is_weights = truncated_is_weights(ratio_base, behaviour, cfg.tis_cap)
-            # The mismatch metrics: the trainer's numbers for the weights that start the
-            # step, against the engine's for the weights that sampled (older by the
-            # staleness, and another implementation).
-            start = ratio_base if old is not None else logprobs.detach()
-            gap = (start - behaviour).abs()
-            kl = None
-            if cfg.kl_coef > 0:
-                ref = self._reference_logprobs(part).unsqueeze(1)
-                kl = kl_per_token(logprobs, ref, cfg.kl_estimator)
-                if cfg.kl_ratio_correction:
-                    kl = kl * torch.exp(logprobs - part.behaviour.to(self.device).unsqueeze(1))
-            loss, stats = clipped_token_loss(
-                logprobs,
-                ratio_base,
-                per_sample[part.sample].to(self.device),
-                ones,
-                clip,
-                None if weights is None else weights[part.sample].to(self.device),
-                divisor,
-                kl,
-                cfg.kl_coef,
-                is_weights,
-            )
-            # Each process's loss is its share of the batch's weighted token sum; FSDP
-            # averages the processes' gradients (gloo has no pre-scaled sum), so scaling by
-            # their number makes the average the sum.
-            scale = weight * self.world
-            (loss * scale if scale != 1.0 else loss).backward()
-            if weight:
-                measured = [
-                    stats["tokens"],
-                    stats["clipped"],
-                    stats["ratio_sum"],
-                    *entropy,
-                    stats["kl_sum"],
-                    float(gap.sum()),
-                ]
-                sums += torch.tensor([float(loss.detach()), *measured], dtype=torch.float64)
-                if gap.numel():
-                    mismatch_max = torch.maximum(mismatch_max, gap.max().double().cpu().view(1))
-        if self.world > 1:
-            import torch.distributed as dist
+        return _LossTerms(
+            advantage=torch.tensor(advantage, dtype=torch.float32),
+            weights=weights,
+            divisor=float(max(1, total)) if weights is None else 1.0,
+            clip=(cfg.clip_eps, cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high),
+            # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
+            # gradient: it is not scored at all (the result is exactly the full batch's).
+            useful=[i for i, a in enumerate(advantage) if a != 0.0 and not overlong[i]],
+            overlong=overlong,
+            total=total,
+        )
 
-            on_device = sums.to(self.device)  # nccl reduces device tensors only
-            dist.all_reduce(on_device)  # the whole batch's numbers, on every process
-            sums = on_device.cpu()
-            largest = mismatch_max.to(self.device)
-            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-            mismatch_max = largest.cpu()
-        loss_sum, tokens, clipped, ratio_sum, entropy_sum, kl_sum, gap_sum = sums.tolist()
-        return {
-            "loss": loss_sum,
-            "tokens": tokens,
-            "clipped": clipped,
-            "ratio_sum": ratio_sum,
-            "entropy_sum": entropy_sum,
-            "kl_sum": kl_sum,
-            "mismatch_sum": gap_sum,
-            "mismatch_max": float(mismatch_max[0]),
-            "batch_tokens": float(total),
-            "scored_trajectories": float(len(useful)),
-            "overlong_masked": float(sum(overlong)),
-        }
+    def _part_loss(
+        self, part: PackedBatch, batch: _LossTerms, old: list[list[float]] | None
+    ) -> tuple[torch.Tensor, list[float], torch.Tensor]:
+        """One packed part's loss (not yet backpropagated), what it counted (tokens,
+        clipped, ratios, entropy, kl, mismatch sum) and its per-token log-prob gap between
+        trainer and engine."""
+        cfg = self.config
+        entropy: list[float] = []
+        logprobs = self._token_logprobs(part, entropy).unsqueeze(1)  # [N, 1]: a token a row
+        behaviour = part.behaviour.to(self.device).unsqueeze(1)
+        ratio_base, is_weights = behaviour, None
+        if old is not None:  # the step's own, scored before its first update
+            where = zip(part.sample.tolist(), part.offsets.tolist(), strict=True)
+            ratio_base = torch.tensor(
+                [old[i][t] for i, t in where], dtype=torch.float32, device=self.device
+            ).unsqueeze(1)
+        elif cfg.recompute_logprobs:  # one update a batch: the step's own = these
+            ratio_base = logprobs.detach()
+        if cfg.recompute_logprobs:
+            is_weights = truncated_is_weights(ratio_base, behaviour, cfg.tis_cap)
+        # The mismatch metrics: the trainer's numbers for the weights that start the
+        # step, against the engine's for the weights that sampled (older by the
+        # staleness, and another implementation).
+        start = ratio_base if old is not None else logprobs.detach()
+        gap = (start - behaviour).abs()
+        kl = None
+        if cfg.kl_coef > 0:
+            ref = self._reference_logprobs(part).unsqueeze(1)
+            kl = kl_per_token(logprobs, ref, cfg.kl_estimator)
+            if cfg.kl_ratio_correction:
+                kl = kl * torch.exp(logprobs - behaviour)
+        loss, stats = clipped_token_loss(
+            logprobs,
+            ratio_base,
+            batch.advantage[part.sample].to(self.device),
+            torch.ones_like(logprobs),
+            batch.clip,
+            None if batch.weights is None else batch.weights[part.sample].to(self.device),
+            batch.divisor,
+            kl,
+            cfg.kl_coef,
+            is_weights,
+        )
+        measured = [
+            stats["tokens"],
+            stats["clipped"],
+            stats["ratio_sum"],
+            *entropy,
+            stats["kl_sum"],
+            float(gap.sum()),
+        ]
+        return loss, measured, gap
+
+    def _batch_totals(
+        self, sums: torch.Tensor, mismatch_max: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's sums and largest mismatch made the whole batch's (every
+        process's), on every process."""
+        if self.world == 1:
+            return sums, mismatch_max
+        import torch.distributed as dist
+
+        on_device = sums.to(self.device)  # nccl reduces device tensors only
+        dist.all_reduce(on_device)
+        largest = mismatch_max.to(self.device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return on_device.cpu(), largest.cpu()
 
     # -- weights, devices, checkpoints ----------------------------------------------------
     def _whole_weights(self) -> dict[str, torch.Tensor]:
