@@ -130,89 +130,91 @@ class AgentEndpoint:
     # -- HTTP ------------------------------------------------------------------------
     def app(self) -> FastAPI:
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-
-        def error(exc: ApiError) -> JSONResponse:
-            self.refused += 1
-            return JSONResponse(exc.body(), status_code=exc.status)
-
-        @app.post("/episodes/{key}/v1/reward")
-        async def reward(key: str, request: Request):
-            try:
-                episode = self._episode(key, request)
-                body = await self._read(request)
-                try:
-                    posted = json.loads(body)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    posted = None
-                if not isinstance(posted, dict) or "reward" not in posted:
-                    raise ApiError(
-                        400, 'post {"reward": number, "success": bool} as JSON', param="reward"
-                    )
-                episode.posted = posted  # checked when the episode ends
-            except ApiError as exc:
-                return error(exc)
-            return {"ok": True}
-
-        @app.get("/episodes/{key}/v1/models")
-        async def models(key: str, request: Request):
-            try:
-                self._episode(key, request)
-            except ApiError as exc:
-                return error(exc)
-            card = {"id": self.model, "object": "model", "created": 0, "owned_by": "pearl"}
-            return {"object": "list", "data": [card]}
-
-        @app.post("/episodes/{key}/v1/chat/completions")
-        async def chat(key: str, request: Request):
-            try:
-                episode = self._episode(key, request)
-                body = await self._read(request)
-                chat_request = ChatRequest.parse(body)
-                if chat_request.model != self.model:
-                    raise ApiError(
-                        404,
-                        f"model {chat_request.model!r} does not exist; this endpoint serves "
-                        f"{self.model!r}",
-                        param="model",
-                        code="model_not_found",
-                    )
-                self.calls += 1
-                reply, prompt = await episode.complete(chat_request)
-            except ApiError as exc:
-                return error(exc)
-            except Exception as exc:  # the run's side failed (no worker, a stopped run)
-                log.exception("agent call failed")
-                return error(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
-            out = completion_body(
-                reply,
-                self.model,
-                prompt,
-                episode.chat,
-                chat_request.logprobs,
-                chat_request.return_token_ids,
-            )
-            if chat_request.stream:
-                chunks = stream_chunks(out)
-
-                async def events():
-                    for chunk in chunks:
-                        yield chunk
-
-                return StreamingResponse(events(), media_type="text/event-stream")
-            return out
-
-        @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-        async def unknown(path: str):
-            return error(
-                ApiError(
-                    404,
-                    f"no route /{path}: agents call POST <base_url>/chat/completions, with "
-                    "base_url http://HOST:PORT/episodes/<key>/v1 as their episode was given",
-                    code="unknown_url",
-                )
-            )
-
+        app.post("/episodes/{key}/v1/reward")(self._reward)
+        app.get("/episodes/{key}/v1/models")(self._models)
+        app.post("/episodes/{key}/v1/chat/completions")(self._chat)
+        methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+        app.api_route("/{path:path}", methods=methods)(self._unknown)
         return app
+
+    def _refuse(self, exc: ApiError) -> JSONResponse:
+        self.refused += 1
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def _reward(self, key: str, request: Request):
+        """An agent posts its episode's reward (checked when the episode ends)."""
+        try:
+            episode = self._episode(key, request)
+            body = await self._read(request)
+            try:
+                posted = json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                posted = None
+            if not isinstance(posted, dict) or "reward" not in posted:
+                raise ApiError(
+                    400, 'post {"reward": number, "success": bool} as JSON', param="reward"
+                )
+            episode.posted = posted
+        except ApiError as exc:
+            return self._refuse(exc)
+        return {"ok": True}
+
+    async def _models(self, key: str, request: Request):
+        try:
+            self._episode(key, request)
+        except ApiError as exc:
+            return self._refuse(exc)
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "pearl"}
+        return {"object": "list", "data": [card]}
+
+    async def _chat(self, key: str, request: Request):
+        """A chat completion: the episode's next turn, as one body or streamed."""
+        try:
+            episode = self._episode(key, request)
+            body = await self._read(request)
+            chat_request = ChatRequest.parse(body)
+            if chat_request.model != self.model:
+                raise ApiError(
+                    404,
+                    f"model {chat_request.model!r} does not exist; this endpoint serves "
+                    f"{self.model!r}",
+                    param="model",
+                    code="model_not_found",
+                )
+            self.calls += 1
+            reply, prompt = await episode.complete(chat_request)
+        except ApiError as exc:
+            return self._refuse(exc)
+        except Exception as exc:  # the run's side failed (no worker, a stopped run)
+            log.exception("agent call failed")
+            return self._refuse(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
+        out = completion_body(
+            reply,
+            self.model,
+            prompt,
+            episode.chat,
+            chat_request.logprobs,
+            chat_request.return_token_ids,
+        )
+        if chat_request.stream:
+            chunks = stream_chunks(out)
+
+            async def events():
+                for chunk in chunks:
+                    yield chunk
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return out
+
+    async def _unknown(self, path: str):
+        return self._refuse(
+            ApiError(
+                404,
+                f"no route /{path}: agents call POST <base_url>/chat/completions, with "
+                "base_url http://HOST:PORT/episodes/<key>/v1 as their episode was given",
+                code="unknown_url",
+            )
+        )
 
     def _episode(self, key: str, request: Request) -> AgentEpisode:
         if self.api_key is not None:

@@ -504,15 +504,71 @@ def _fit_key(deployment: str) -> str:
     return Deployment.parse(deployment).label
 
 
-def _check_compare_args(cases, calibration: str, live_repeats: int) -> None:
-    """Raise ValueError for an unknown ``calibration``, ``live_repeats`` < 1, or a case that
-    uses the calibration seed."""
+def _check_compare_args(
+    cases,
+    calibration: str,
+    live_repeats: int,
+    backend: str = "pearl",
+    profile: CostProfile | None = None,
+) -> None:
+    """Raise ValueError for an unknown ``calibration`` or ``backend``, ``live_repeats`` < 1,
+    a case that uses the calibration seed, or a calibration vLLM cannot take."""
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration {calibration!r} is not one of {', '.join(CALIBRATIONS)}")
     if live_repeats < 1:
         raise ValueError(f"live_repeats must be >= 1, got {live_repeats}")
     if any(c.seed == CALIBRATION_SEED for c in cases):
         raise ValueError(f"fidelity cases must not use the calibration seed {CALIBRATION_SEED}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "vllm" and (profile is not None or calibration != "in-situ"):
+        raise ValueError(
+            "against vLLM the cost model is fitted in situ only (--calibration in-situ): the "
+            "grid is timed in our engine's worker, which vLLM's has no way to run"
+        )
+
+
+@dataclass(slots=True)
+class _Backend:
+    """The engine a comparison runs live, as set up for it (``_set_up_backend``)."""
+
+    model: Any  # pearl.live.server.ModelSpec
+    profiles: dict[str, CostProfile]  # the fits made before any in-situ one
+    overhead: float  # per-turn seconds outside the engine
+    rpc: float  # seconds of another worker call
+    grid_samples: list
+    twin: Mapping[str, Any] | None  # the simulated twin's engine settings (vLLM)
+    sim_engine: EngineConfig
+
+
+def _set_up_backend(
+    backend: str,
+    folder: str | None,
+    profile: CostProfile | None,
+    model_config: dict[str, Any],
+    engine: EngineConfig,
+    kinds: list[str],
+    calibration: str,
+    log: Callable[[str], None],
+) -> _Backend:
+    """The live engine's model and its measured overheads: for vLLM, the random-weight
+    model saved to ``folder`` and the worker's own sizing; for ours, the grid fits."""
+    from pearl.live.server import ModelSpec
+
+    if backend == "vllm":
+        assert folder is not None
+        # vLLM loads a folder: the same random-weight model, written once for this run.
+        _save_random_model(model_config, folder)
+        model = ModelSpec(folder=folder)
+        overhead, rpc, sizing = measure_vllm_overheads(model, engine)
+        log(f"vLLM worker as sized: {sizing}; simulated twin: {VLLM_TWIN}")
+        sim_engine = EngineConfig(**sizing, model_id="calibration")
+        return _Backend(model, {}, overhead, rpc, [], VLLM_TWIN, sim_engine)
+    model = ModelSpec(config=model_config, seed=0)
+    profiles, overhead, rpc, grid_samples = _grid_profiles(
+        profile, model, engine, kinds, calibration, log
+    )
+    return _Backend(model, profiles, overhead, rpc, grid_samples, None, engine)
 
 
 def _grid_profiles(
@@ -752,65 +808,47 @@ def compare(
     import tempfile
 
     from pearl.live.cluster import ensure_ray
-    from pearl.live.server import ModelSpec
 
-    _check_compare_args(cases, calibration, live_repeats)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend == "vllm" and (profile is not None or calibration != "in-situ"):
-        raise ValueError(
-            "against vLLM the cost model is fitted in situ only (--calibration in-situ): the "
-            "grid is timed in our engine's worker, which vLLM's has no way to run"
-        )
+    _check_compare_args(cases, calibration, live_repeats, backend, profile)
     ensure_ray(2)
     vocab = model_config["vocab_size"]
     # One fit per deployment the cases use, keyed by its label with colocated ones as "nC".
     kinds = sorted({_fit_key(c.deployment) for c in cases})
-    folder = None
+    folder = tempfile.mkdtemp(prefix="pearl-calibration-") if backend == "vllm" else None
     try:
-        if backend == "vllm":
-            # vLLM loads a folder: the same random-weight model, written once for this run.
-            folder = tempfile.mkdtemp(prefix="pearl-calibration-")
-            _save_random_model(model_config, folder)
-            model = ModelSpec(folder=folder)
-            overhead, rpc, sizing = measure_vllm_overheads(model, engine)
-            profiles: dict[str, CostProfile] = {}
-            grid_samples: list = []
-            twin: Mapping[str, Any] | None = VLLM_TWIN
-            sim_engine = EngineConfig(**sizing, model_id="calibration")
-            log(f"vLLM worker as sized: {sizing}; simulated twin: {VLLM_TWIN}")
-        else:
-            model = ModelSpec(config=model_config, seed=0)
-            profiles, overhead, rpc, grid_samples = _grid_profiles(
-                profile, model, engine, kinds, calibration, log
-            )
-            twin, sim_engine = None, engine
+        live = _set_up_backend(
+            backend, folder, profile, model_config, engine, kinds, calibration, log
+        )
         in_situ = profile is None and calibration == "in-situ"
         log(
-            f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker "
-            f"calls (session_length, release_session): {rpc * 1e3:.2f} ms"
+            f"per-turn overhead outside the engine: {live.overhead * 1e3:.2f} ms; other worker "
+            f"calls (session_length, release_session): {live.rpc * 1e3:.2f} ms"
         )
-        latency, bandwidth = measure_transfer(model, engine, backend=backend)
+        latency, bandwidth = measure_transfer(live.model, engine, backend=backend)
         log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
 
         # Live: every case's repeats, each followed (in-situ) by a held-out pass on its
         # deployment.
         lives_of, held_out = _run_cases_live(
-            cases, model, engine, vocab, live_repeats, in_situ, log, backend
+            cases, live.model, engine, vocab, live_repeats, in_situ, log, backend
         )
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
     log("fidelity phase 3/3: fit per deployment, then simulate each case")
-    overheads = _fit_held_out(held_out, grid_samples, profiles, overhead, rpc, log)
-    costs = _sim_costs(profiles, bandwidth, model_config)
+    overheads = _fit_held_out(
+        held_out, live.grid_samples, live.profiles, live.overhead, live.rpc, log
+    )
+    costs = _sim_costs(live.profiles, bandwidth, model_config)
 
     # Simulated: each case once, with its deployment's fit; compared with the live mean.
     results = []
     for case, lives in zip(cases, lives_of, strict=True):
-        case_overheads = overheads.get(_in_situ_key(case), (overhead, rpc))
+        case_overheads = overheads.get(_in_situ_key(case), (live.overhead, live.rpc))
         results.append(
-            _compare_case(case, lives, costs, case_overheads, sim_engine, vocab, latency, log, twin)
+            _compare_case(
+                case, lives, costs, case_overheads, live.sim_engine, vocab, latency, log, live.twin
+            )
         )
     return results
 

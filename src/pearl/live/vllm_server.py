@@ -148,7 +148,6 @@ class VllmServer:
         """Generate (colocated), prefill (prefill role: the first token, the prompt's KV
         kept for ``export_kv``) or decode (decode role: from the KV ``import_kv`` brought,
         vLLM computing only what it lacks) one turn."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         role = self.role
@@ -158,19 +157,7 @@ class VllmServer:
             # short, the router resumes it where the topology now routes.
             return TurnOutput(turn.request_id, turn.session_id, [], [], "abort", self.version)
         kv, connector = self._connector_spec(turn, role)
-        max_tokens = 1 if role == "prefill" else turn.max_new_tokens
-        params = SamplingParams(
-            temperature=turn.temperature,
-            top_p=turn.top_p,
-            top_k=turn.top_k if turn.top_k > 0 else -1,
-            seed=turn.seed,
-            max_tokens=max_tokens,
-            ignore_eos=turn.ignore_eos,
-            stop_token_ids=list(turn.stop_token_ids),
-            logprobs=0,  # the sampled token's
-            detokenize=False,
-            extra_args={"kv_transfer_params": {"pearl": connector}} if connector else None,
-        )
+        params = _sampling_params(turn, role, connector)
         prompt = TokensPrompt(prompt_token_ids=list(turn.token_ids))
         self._running.add(turn.request_id)
         self._contexts[turn.request_id] = len(turn.token_ids) + 1
@@ -190,18 +177,7 @@ class VllmServer:
             self._finished.append(self._contexts.pop(turn.request_id))
             if kv is not None:
                 self._unpin(kv)
-        tokens_out: list[int] = []
-        logprobs: list[float] = []
-        spans: tuple[VersionSpan, ...] = ()
-        reason = "abort"
-        cached = 0
-        if last is not None and last.outputs:
-            completion = last.outputs[0]
-            tokens_out = list(completion.token_ids)
-            logprobs = sampled_logprobs(turn.request_id, tokens_out, completion.logprobs)
-            reason = _FINISH.get(str(completion.finish_reason), "abort")
-            cached = last.num_cached_tokens or 0
-            spans = version_spans(completion.weight_versions)
+        tokens_out, logprobs, reason, cached, spans = _completion(turn.request_id, last)
         if role == "prefill" and reason == "length" and turn.max_new_tokens > 1:
             reason = "prefilled"  # the router moves its KV and decodes the rest elsewhere
         if role == "prefill" and kv is not None and self._prefilled.get(turn.session_id) is kv:
@@ -595,3 +571,41 @@ def version_spans(spans: Any) -> tuple[VersionSpan, ...]:
         version = 0 if span.version == "default" else int(span.version)
         out.append((span.start, version, version))
     return tuple(out)
+
+
+def _sampling_params(turn: TurnRequest, role: str, connector: dict):
+    """vLLM's sampling parameters for a turn: one token in the prefill role, the sampled
+    token's log-probability, no detokenizing, and what the KV connector does with it."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=turn.temperature,
+        top_p=turn.top_p,
+        top_k=turn.top_k if turn.top_k > 0 else -1,
+        seed=turn.seed,
+        max_tokens=1 if role == "prefill" else turn.max_new_tokens,
+        ignore_eos=turn.ignore_eos,
+        stop_token_ids=list(turn.stop_token_ids),
+        logprobs=0,  # the sampled token's
+        detokenize=False,
+        extra_args={"kv_transfer_params": {"pearl": connector}} if connector else None,
+    )
+
+
+def _completion(
+    request_id: str, last
+) -> tuple[list[int], list[float], str, int, tuple[VersionSpan, ...]]:
+    """What vLLM's last output of a request says: its tokens, their log-probabilities,
+    the finish reason (``abort`` when it produced nothing), the prompt tokens served from
+    the prefix cache, and the weights versions that sampled the tokens."""
+    if last is None or not last.outputs:
+        return [], [], "abort", 0, ()
+    completion = last.outputs[0]
+    tokens = list(completion.token_ids)
+    return (
+        tokens,
+        sampled_logprobs(request_id, tokens, completion.logprobs),
+        _FINISH.get(str(completion.finish_reason), "abort"),
+        last.num_cached_tokens or 0,
+        version_spans(completion.weight_versions),
+    )

@@ -169,11 +169,10 @@ class _LiveRun:
         from pearl.control.driver import Availability, ClusterSize, RunDriver
         from pearl.control.policies import Borrowing, Pool, get_policy
         from pearl.engine.config import EngineConfig
-        from pearl.live.cluster import Placement, ensure_ray
+        from pearl.live.cluster import Placement
         from pearl.live.server import ModelSpec
         from pearl.live.trainer import LiveTrainer
         from pearl.live.world import LiveWorld, cpu_prior
-        from pearl.report.run_folder import RunFolder, default_run_name
 
         self.run, self.cfg, self.resume = run, run.cfg, resume
         cfg = self.cfg
@@ -181,7 +180,6 @@ class _LiveRun:
         preemptible = cfg.cluster.preemptible_workers if policy.pool is Pool.ELASTIC else 0
         borrows = policy.borrowing is not Borrowing.OFF
         trainers = cfg.trainer.processes
-        actors = cfg.rollout.workers + preemptible + trainers + (1 if borrows else 0)
         engine = EngineConfig(
             block_size=16,
             num_kv_blocks=cfg.rollout.kv_blocks,
@@ -190,35 +188,14 @@ class _LiveRun:
             device=cfg.rollout.device,
             dtype=cfg.rollout.dtype,
         )
-        if cfg.rollout.backend == "vllm":
-            from pearl.live import vllm_setup
-
-            vllm_setup.check_vllm_version()  # installed, and the release whose hooks it uses
-        ensure_ray(actors, cfg.cluster.ray_address)  # before ray is imported (loopback)
-        if cfg.rollout.backend == "vllm":  # (vLLM imports ray): its checks of model and args
-            vllm_setup.preflight(str(run.folder), engine)
-        import ray
-
+        self._start_ray(
+            engine, cfg.rollout.workers + preemptible + trainers + (1 if borrows else 0)
+        )
         placement = Placement(
             cfg.cluster.worker_resources, cfg.cluster.trainer_resources, cfg.cluster.spread_workers
         )
         self.nodes: dict[str, dict[str, Any]] = {}  # node id -> its address and actors
-        if ray.cluster_resources().get("CPU", 0) < actors:
-            raise ConfigError(
-                f"this run needs {actors} Ray CPU slots (rollout workers, trainer processes, "
-                f"borrowed slot); the running Ray instance has "
-                f"{ray.cluster_resources().get('CPU', 0)}"
-            )
-        name = cfg.run.run_name or default_run_name("train-")
-        self.folder = RunFolder(cfg.run.run_dir, name)
-        self.folder.write_config(dump_config(cfg))
-        run.log(f"run folder: {self.folder.path}")
-        self.boards: list[Any] = [ScalarLog(self.folder.path)]
-        if cfg.logger.wandb:
-            from pearl.report.wandb_log import WandbLog
-
-            config = cfg.model_dump(mode="json")
-            self.boards.append(WandbLog(self.folder.path, cfg.logger.wandb_project, name, config))
+        self._open_folder()
         spec = ModelSpec(folder=str(run.folder))
         t = cfg.trainer
         self.trainer = LiveTrainer(
@@ -248,6 +225,44 @@ class _LiveRun:
         self._say_when_pd_cannot_split()
         self.rows: list[dict[str, Any]] = []
         self.first_step = 0
+
+    def _start_ray(self, engine: Any, actors: int) -> None:
+        """Ray up (or joined) with ``actors`` CPU slots, and for vLLM its release and its
+        checks of the model and arguments; ``ConfigError`` if the cluster is too small."""
+        from pearl.live.cluster import ensure_ray
+
+        backend = self.cfg.rollout.backend
+        if backend == "vllm":
+            from pearl.live import vllm_setup
+
+            vllm_setup.check_vllm_version()  # installed, and the release whose hooks it uses
+        ensure_ray(actors, self.cfg.cluster.ray_address)  # before ray is imported (loopback)
+        if backend == "vllm":  # (vLLM imports ray): its checks of model and args
+            vllm_setup.preflight(str(self.run.folder), engine)
+        import ray
+
+        slots = ray.cluster_resources().get("CPU", 0)
+        if slots < actors:
+            raise ConfigError(
+                f"this run needs {actors} Ray CPU slots (rollout workers, trainer processes, "
+                f"borrowed slot); the running Ray instance has {slots}"
+            )
+
+    def _open_folder(self) -> None:
+        """The run folder (its config written) and the boards that log into it."""
+        from pearl.report.run_folder import RunFolder, default_run_name
+
+        cfg = self.cfg
+        name = cfg.run.run_name or default_run_name("train-")
+        self.folder = RunFolder(cfg.run.run_dir, name)
+        self.folder.write_config(dump_config(cfg))
+        self.run.log(f"run folder: {self.folder.path}")
+        self.boards: list[Any] = [ScalarLog(self.folder.path)]
+        if cfg.logger.wandb:
+            from pearl.report.wandb_log import WandbLog
+
+            config = cfg.model_dump(mode="json")
+            self.boards.append(WandbLog(self.folder.path, cfg.logger.wandb_project, name, config))
 
     def _say_when_pd_cannot_split(self) -> None:
         """A PD policy on a pool too small to split prefill and decode runs colocated: say
