@@ -167,7 +167,7 @@ class SimulatedWorker:
         self._inbox: list[Callable[[], None]] = []
         # End times of the iterations in progress (one, or a fast-forwarded stretch): a
         # query lands at the next one, as on a live worker, without cutting the stretch.
-        self._boundaries: Sequence[float] = []  # a list, or a fast-forward's array
+        self._boundaries: Sequence[float] = []  # a list, or a fast-forward's numpy array
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._wakeup: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -387,7 +387,7 @@ class SimulatedWorker:
         if not self.config.calls_wait_for_iteration:
             return
         now = asyncio.get_running_loop().time()
-        ends = self._boundaries  # a list, or a fast-forward's array
+        ends = self._boundaries
         if len(ends) and ends[-1] > now:
             await asyncio.sleep(float(ends[bisect_right(ends, now)]) - now)
 
@@ -537,11 +537,11 @@ class SimulatedWorker:
         out, and the tokens of the batch's contexts now."""
         max_len = self.scheduler.config.max_model_len
         steps = max_len
-        total = 0
+        context = 0
         lengths = []  # (tokens, blocks held) of each sequence
         for s in decodes:  # hot: one pass, no properties
             n = len(s.token_ids)
-            total += n
+            context += n
             left = s.sampling.max_new_tokens - (n - s.num_prompt_tokens)
             steps = min(steps, left, max_len - n)
             lengths.append((n, len(s.block_table)))
@@ -558,7 +558,7 @@ class SimulatedWorker:
             return total
 
         if need(steps) <= free:
-            return steps, total  # the common case: memory is not the limit
+            return steps, context  # the common case: memory is not the limit
         lo, hi = 1, steps
         while lo < hi:  # largest k whose extra blocks (beyond step 1, already reserved) fit
             mid = (lo + hi + 1) // 2
@@ -566,7 +566,7 @@ class SimulatedWorker:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo, total
+        return lo, context
 
     async def _fast_forward(self, out: SchedulerOutput, start: float) -> None:
         decodes = out.decodes
