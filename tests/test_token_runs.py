@@ -1,5 +1,6 @@
 """TokenRuns behaves as the list of its ids: every operation checked against a list."""
 
+import itertools
 import random
 
 import pytest
@@ -114,6 +115,50 @@ def test_block_keys_are_equal_exactly_for_equal_blocks(seed):
     assert ka[:shared] == kb[:shared]
     # The list form: the blocks' ids.
     assert block_keys(a_ids, 0, na, bs) == [tuple(a_ids[i * bs : (i + 1) * bs]) for i in range(na)]
+
+
+def chain(keys: list, prev: int) -> list[int]:
+    out = []
+    for key in keys:
+        prev = hash((prev, key))
+        out.append(prev)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_block_hashes_identify_a_blocks_whole_prefix_by_its_keys(seed):
+    """Identities are equal exactly where the chain over block keys is (the plain chain:
+    the same prefix of keys), however the blocks are split into calls."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 4, 16])
+    a, _ = build(rng)
+    b = a[: rng.randrange(len(a) + 1)]
+    b += build(rng)[0]
+    c = b.copy()
+    c.extend_walk(rng.randrange(10**6), rng.randrange(200))  # a decode continuing b
+    seqs = [x for x in (a, b, c) if len(x) >= bs]
+    ids, plain = [], []
+    for x in seqs:
+        n = len(x) // bs
+        whole = x.block_hashes(0, n, bs, -1)
+        # In pieces: each call chained from the last identity of the one before.
+        cuts = sorted({0, n, *(rng.randrange(n + 1) for _ in range(3))})
+        pieces: list[int] = []
+        for lo, hi in itertools.pairwise(cuts):
+            pieces += x.block_hashes(lo, hi, bs, pieces[-1] if lo else -1)
+        assert pieces == whole and len(whole) == n
+        ids.append(whole)
+        plain.append(chain(x.block_keys(0, n, bs), -1))
+    # One identity for each plain chain value and the other way round.
+    pairs = {(h, g) for hs, gs in zip(ids, plain, strict=True) for h, g in zip(hs, gs, strict=True)}
+    assert len({h for h, _ in pairs}) == len(pairs) == len({g for _, g in pairs})
+    # Not chained (a root at ``first``): its first block's identity is the plain chain's.
+    x = seqs[-1]
+    n = len(x) // bs
+    if n > 1:
+        assert (
+            x.block_hashes(1, n, bs, -1, chained=False)[0] == chain(x.block_keys(1, 2, bs), -1)[0]
+        )
 
 
 def test_literals_and_errors():

@@ -384,6 +384,63 @@ class TokenRuns:
             b += 1
         return keys
 
+    def block_hashes(
+        self, first: int, last: int, block_size: int, prev: int, chained: bool = True
+    ) -> list[int]:
+        """Prefix-cache identities of blocks ``first .. last - 1``, chained from ``prev`` (block
+        ``first - 1``'s identity if ``chained``, else a root): ``hash((previous, key))`` with
+        the key ``block_keys`` gives, except for a block whose key continues the previous
+        block's walk (both inside runs of one pool, the second where the first ends), which
+        is the previous identity plus one. Equal keys give equal identities (a function of the
+        keys), different keys different ones (a 64-bit hash's odds); and a run's blocks get
+        consecutive ints, which a dict keeps in neighbouring slots (the prefix cache's index
+        is then read and written in order, not at random)."""
+        runs, ends = self._runs, self._ends
+        bs = block_size
+        after = None  # (pool, position after block first - 1) if it lies inside one pool run
+        if first and chained:
+            i = bisect_right(ends, (first - 1) * bs)
+            p, s, m = runs[i]
+            if p != LITERAL and first * bs <= ends[i]:
+                if last * bs <= ends[i]:  # the common case: all in the run block first - 1 is in
+                    return list(range(prev + 1, prev + 1 + last - first))
+                after = (p, (s + first * bs - (ends[i] - m)) % len(_POOLS[p]))
+        out: list[int] = []
+        b = first
+        i = bisect_right(ends, b * bs)
+        while b < last:
+            p, s, m = runs[i]
+            run_start = ends[i] - m
+            a = b * bs
+            inside = min(last, (ends[i] // bs))  # blocks ending within run i
+            if inside > b and p != LITERAL:
+                size = len(_POOLS[p])
+                base = (s + a - run_start) % size
+                n = inside - b
+                first_id = prev + 1 if after == (p, base) else hash((prev, (p, base)))
+                out.extend(range(first_id, first_id + n))
+                prev = first_id + n - 1
+                after = (p, (base + n * bs) % size)
+                b = inside
+                if b * bs >= ends[i]:
+                    i += 1
+                continue
+            # A block over several runs (``block_keys``'s pieces).
+            e, end = ends[i], a + bs
+            pieces = [p, s if p == LITERAL else (s + a - e + m) % len(_POOLS[p]), min(e, end) - a]
+            while e < end:
+                i += 1
+                p, s, m = runs[i]
+                pieces += (p, s, min(m, end - e))
+                e = ends[i]
+            if e == end:
+                i += 1
+            prev = hash((prev, tuple(pieces)))
+            out.append(prev)
+            after = None
+            b += 1
+        return out
+
 
 def list_common_prefix(a: list, b: list, n: int) -> int:
     """Length of the longest common prefix of lists ``a`` and ``b`` within their first ``n``

@@ -20,7 +20,29 @@ from hypothesis import strategies as st
 
 from pearl.engine.block_manager import NO_HASH, BlockManager, OutOfBlocks
 from pearl.engine.sequence import Request, Sequence
-from pearl.token_runs import block_keys
+from pearl.token_runs import _POOLS, TokenRuns, block_keys
+
+VOCAB = 1000
+# The simulator's contexts (TokenRuns) from the same small alphabet: each letter a walk of
+# two ids, 0 then 1 one contiguous walk (one run), 2 elsewhere.
+LETTERS = {0: 0, 1: 2, 2: 50, 3: 52}
+
+
+def as_runs(letters: list[int]) -> TokenRuns:
+    out = TokenRuns.empty(VOCAB)
+    for letter in letters:
+        out += TokenRuns.walk(VOCAB, 1, LETTERS[letter], 2)
+    return out
+
+
+def continues(before: tuple[int, ...] | None, key: tuple[int, ...], block_size: int) -> bool:
+    """Whether block key ``key`` is the walk right after ``before`` (both inside one run)."""
+    return (
+        before is not None
+        and len(before) == len(key) == 2
+        and before[0] == key[0]
+        and (before[1] + block_size) % len(_POOLS[key[0]]) == key[1]
+    )
 
 
 class PlainBlockManager:
@@ -40,9 +62,17 @@ class PlainBlockManager:
         return len(self.free_stack) + len(self.lru)
 
     def _chain(self, token_ids, first: int, last: int, prev: int) -> list[int]:
+        """Each block's identity: ``hash((previous, key))``; for runs, the previous plus one
+        where the block's key continues the previous block's walk."""
+        bs = self.block_size
+        runs = isinstance(token_ids, TokenRuns)
+        before = None
+        if runs and first and prev != NO_HASH:
+            before = block_keys(token_ids, first - 1, first, bs)[0]
         out = []
-        for key in block_keys(token_ids, first, last, self.block_size):
-            prev = hash((prev, key))
+        for key in block_keys(token_ids, first, last, bs):
+            prev = prev + 1 if runs and continues(before, key, bs) else hash((prev, key))
+            before = key
             out.append(prev)
         return out
 
@@ -146,9 +176,10 @@ OPS = st.lists(
     num_blocks=st.integers(3, 14),
     block_size=st.sampled_from([1, 2, 3]),
     verify_tokens=st.booleans(),
+    runs=st.booleans(),
 )
 def test_the_block_manager_keeps_the_plain_references_state_under_random_use(
-    ops, num_blocks, block_size, verify_tokens
+    ops, num_blocks, block_size, verify_tokens, runs
 ):
     fast = BlockManager(num_blocks, block_size, verify_tokens=verify_tokens)
     fast.LRU_SLACK = 2  # compact often: both queue forms get used
@@ -157,9 +188,10 @@ def test_the_block_manager_keeps_the_plain_references_state_under_random_use(
 
     for i, (op, a, b) in enumerate(ops):
         if op == "admit":
+            prompt = as_runs(a) if runs else list(a)
             pair = (
-                Sequence(Request(f"r{i}", list(a)), 0, 0.0),
-                Sequence(Request(f"r{i}", list(a)), 0, 0.0),
+                Sequence(Request(f"r{i}", prompt), 0, 0.0),
+                Sequence(Request(f"r{i}", prompt), 0, 0.0),
             )
             fast.attach_prefix(pair[0])
             plain.attach_prefix(pair[1])
@@ -193,7 +225,7 @@ def test_the_block_manager_keeps_the_plain_references_state_under_random_use(
                     m.commit(s)
         elif op == "grow":  # the next turn appends tokens (computed later)
             for s in (f, p):
-                s.token_ids.extend(b)
+                s.token_ids.extend(as_runs(b) if runs else b)
         elif op == "cut":  # a session's context edited: keep its first b blocks' worth
             keep = min(b, f.num_computed_tokens // block_size)
             for s, m in ((f, fast), (p, plain)):

@@ -3,7 +3,9 @@
 A block holds ``block_size`` consecutive tokens of one sequence. A *full* block is
 registered in the prefix cache under ``hash(previous block's hash, its token ids)``,
 so a later request whose prompt starts with the same tokens (turn k+1 of a session,
-a sibling in a GRPO group) reuses it. Blocks nobody references but that are still
+a sibling in a GRPO group) reuses it. (The simulator's contexts, ``TokenRuns``, chain the
+same way over their block keys, except that a block continuing its predecessor's walk is
+that block's hash plus one: ``TokenRuns.block_hashes``.) Blocks nobody references but that are still
 cached stay in an LRU queue and are evicted only when free blocks run out.
 """
 
@@ -13,7 +15,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 
 from pearl.engine.sequence import Sequence
-from pearl.token_runs import block_keys
+from pearl.token_runs import TokenRuns, block_keys
 
 NO_HASH = -1
 
@@ -22,6 +24,21 @@ def chain_hash(previous: int, tokens: Seq[int]) -> int:
     """Hash of a full block given its predecessor's hash (deterministic across processes):
     ``tokens`` is the block's key (``pearl.token_runs.block_keys``: its ids, or its runs)."""
     return hash((previous, tuple(tokens)))
+
+
+def block_hashes(
+    token_ids: Seq[int], first: int, last: int, block_size: int, prev: int
+) -> list[int]:
+    """Chained prefix-cache identities of full blocks ``first .. last - 1`` from ``prev``
+    (block ``first - 1``'s, or ``NO_HASH``): ``chain_hash`` over the block keys, or, for
+    ``TokenRuns``, ``TokenRuns.block_hashes`` (a run's blocks as consecutive ints)."""
+    if isinstance(token_ids, TokenRuns):
+        return token_ids.block_hashes(first, last, block_size, prev, chained=prev != NO_HASH)
+    out = []
+    for key in block_keys(token_ids, first, last, block_size):
+        prev = chain_hash(prev, key)
+        out.append(prev)
+    return out
 
 
 class OutOfBlocks(Exception):
@@ -83,15 +100,24 @@ class BlockManager:
     # -- prefix cache ---------------------------------------------------------------
     def match_prefix(self, token_ids: Seq[int], max_tokens: int) -> list[int]:
         """Cached full blocks covering a prefix of ``token_ids`` no longer than ``max_tokens``."""
+        n = max_tokens // self.block_size
+        by_hash = self._by_hash
         found: list[int] = []
-        prev = NO_HASH
-        for tokens in block_keys(token_ids, 0, max_tokens // self.block_size, self.block_size):
-            h = chain_hash(prev, tokens)
-            block_id = self._by_hash.get(h)
-            if block_id is None or (self.verify_tokens and self._tokens[block_id] != tokens):
+        if self.verify_tokens:
+            keys = block_keys(token_ids, 0, n, self.block_size)
+            for h, tokens in zip(
+                block_hashes(token_ids, 0, n, self.block_size, NO_HASH), keys, strict=True
+            ):
+                block_id = by_hash.get(h)
+                if block_id is None or self._tokens[block_id] != tokens:
+                    break
+                found.append(block_id)
+            return found
+        for h in block_hashes(token_ids, 0, n, self.block_size, NO_HASH):
+            block_id = by_hash.get(h)
+            if block_id is None:
                 break
             found.append(block_id)
-            prev = h
         return found
 
     def attach_prefix(self, seq: Sequence) -> int:
@@ -122,19 +148,23 @@ class BlockManager:
         if full <= first:
             return  # no block filled since the last commit (most calls)
         table, hashes, by_hash, owned = seq.block_table, self._hash, self._by_hash, self._owned
-        verify = self.verify_tokens
         prev = hashes[table[first - 1]] if first else NO_HASH
+        blocks = table[first:full]
+        if self.verify_tokens:
+            for block_id, tokens in zip(
+                blocks, block_keys(seq.token_ids, first, full, bs), strict=True
+            ):
+                if hashes[block_id] == NO_HASH:
+                    self._tokens[block_id] = tokens
         # One plain loop (hot in the simulator: ~10^7 blocks a large run; measured faster
         # than building the chain and checking it in bulk).
-        keys = block_keys(seq.token_ids, first, full, bs)
-        for block_id, tokens in zip(table[first:full], keys, strict=True):
-            prev = hash((prev, tokens))  # chain_hash, inlined
+        for block_id, h in zip(
+            blocks, block_hashes(seq.token_ids, first, full, bs, prev), strict=True
+        ):
             if hashes[block_id] == NO_HASH:
-                hashes[block_id] = prev
-                if verify:
-                    self._tokens[block_id] = tokens
+                hashes[block_id] = h
                 # A duplicate of an already cached block stays private; the first wins.
-                if by_hash.setdefault(prev, block_id) == block_id:
+                if by_hash.setdefault(h, block_id) == block_id:
                     owned[block_id] = 1
         seq.num_hashed_blocks = full
 
