@@ -24,10 +24,19 @@ class VirtualTimeDeadlock(RuntimeError):
     """Nothing is runnable and no timer is pending: the simulated world is stuck."""
 
 
+def _resolution(now: float) -> float:
+    """asyncio fires the timers due before ``time() + _clock_resolution``. A fixed 1e-9 s
+    is lost in rounding once the clock passes ~1.7e7 s (2^24), and a timer due "now" then
+    never fires: the loop spun forever. The tolerance is a few representable steps of the
+    current time instead (1e-9 s near 0, 2.4e-7 s at 1e9 s)."""
+    return max(1e-9, 4 * math.ulp(now))
+
+
 class _JumpingSelector(selectors.DefaultSelector):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
+        self.loop: VirtualTimeLoop | None = None  # whose clock this is
         self.jumps = 0
         self.woken = False  # a thread queued a callback (VirtualTimeLoop._write_to_self)
 
@@ -53,6 +62,8 @@ class _JumpingSelector(selectors.DefaultSelector):
         # 4e-9 s away): always move forward, by at least one representable step.
         self.now = max(self.now + timeout, math.nextafter(self.now, math.inf))
         self.jumps += 1
+        if self.loop is not None:  # the clock moved: so does the loop's tolerance
+            self.loop._clock_resolution = _resolution(self.now)
         return []
 
 
@@ -78,18 +89,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector.now = float(start)
         self._virtual = selector
         super().__init__(selector)
-
-    # asyncio fires the timers due before ``time() + _clock_resolution``. A fixed 1e-9 s
-    # is lost in rounding once the clock passes ~1.7e7 s (2^24), and a timer due "now"
-    # then never fires: the loop spun forever. The tolerance is a few representable steps
-    # of the current time instead (1e-9 s near 0, 2.4e-7 s at 1e9 s).
-    @property
-    def _clock_resolution(self) -> float:
-        return max(1e-9, 4 * math.ulp(self._virtual.now))
-
-    @_clock_resolution.setter
-    def _clock_resolution(self, value: float) -> None:
-        pass  # asyncio's own setting (the host clock's resolution) does not apply
+        # asyncio's own setting (the host clock's resolution) does not apply: the virtual
+        # clock's (``_resolution``), a plain attribute the selector updates as it jumps
+        # (asyncio reads it every loop iteration; a property here was ~1% of a run).
+        self._clock_resolution = _resolution(selector.now)
+        selector.loop = self
 
     def time(self) -> float:
         return self._virtual.now

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -132,7 +133,14 @@ def synthetic_tokens(session_id: str, position: int, n: int, vocab_size: int) ->
     a fixed permutation of ``[1, vocab_size)`` keyed by the session, so two sessions' tokens
     differ at every position (siblings diverge after their shared prompt, as real samples
     do) and no new int objects are made."""
-    return id_walk(vocab_size, SAMPLER_FIRST_ID, zlib.crc32(session_id.encode()) + position, n)
+    return id_walk(vocab_size, SAMPLER_FIRST_ID, walk_origin(session_id) + position, n)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def walk_origin(session_id: str) -> int:
+    """Where a session's sampled tokens start in the sampler's walk (its key's CRC-32;
+    cached: every simulated iteration reads it for each sequence that samples)."""
+    return zlib.crc32(session_id.encode())
 
 
 class SimulatedWorker:
@@ -454,11 +462,9 @@ class SimulatedWorker:
         # synthetic_tokens for one token each, inlined (hot: every iteration's samplers)
         pool = id_pool(self.vocab_size, SAMPLER_FIRST_ID)
         size = len(pool)
+        origin = walk_origin
         tokens = [
-            pool[
-                (zlib.crc32((s.request.session_id or s.request_id).encode()) + len(s.token_ids))
-                % size
-            ]
+            pool[(origin(s.request.session_id or s.request_id) + len(s.token_ids)) % size]
             for s in samplers
         ]
         return self.scheduler.postprocess(
@@ -615,7 +621,7 @@ class SimulatedWorker:
             seq.num_computed_tokens += n
             key = seq.request.session_id or seq.request_id
             if isinstance(ids, TokenRuns):  # the same ids as one run (a context of runs)
-                ids.extend_walk(zlib.crc32(key.encode()) + base, n)
+                ids.extend_walk(walk_origin(key) + base, n)
             else:
                 ids.extend(synthetic_tokens(key, base, n, vocab))
             seq.output_logprobs.extend(zeros)
