@@ -392,7 +392,8 @@ class TokenRuns:
         the key ``block_keys`` gives, except for a block whose key continues the previous
         block's walk (both inside runs of one pool, the second where the first ends), which
         is the previous identity plus one. Equal keys give equal identities (a function of the
-        keys), different keys different ones (a 64-bit hash's odds); and a run's blocks get
+        keys), different keys different ones (a 64-bit hash's odds, which also bound a run's
+        identities reaching the block manager's ``NO_HASH``, -1); and a run's blocks get
         consecutive ints, which a dict keeps in neighbouring slots (the prefix cache's index
         is then read and written in order, not at random)."""
         runs, ends = self._runs, self._ends
