@@ -347,42 +347,61 @@ class TokenRuns:
         inside one run, else its pieces ``(pool, position, length, ...)``. Equal keys mean
         equal tokens."""
         keys: list[tuple[int, ...]] = []
+        bs = block_size
+        for key, p, base, n in self._spans(first, last, bs):
+            if key is not None:
+                keys.append(key)
+                continue
+            size = len(_POOLS[p])
+            stop = base + n * bs
+            if stop <= size:  # no wrap (the rule): the keys' tuples made in C
+                keys.extend(zip(repeat(p), range(base, stop, bs)))
+            else:
+                keys.extend([(p, x % size) for x in range(base, stop, bs)])
+        return keys
+
+    def _spans(
+        self, first: int, last: int, block_size: int
+    ) -> Iterator[tuple[tuple[int, ...] | None, int, int, int]]:
+        """Blocks ``first .. last - 1`` in order, as ``(None, pool, position, n)`` for ``n``
+        consecutive blocks inside one pool run, the first at ``position`` of the pool, and
+        ``(key, 0, 0, 1)`` for a block over several runs (its pieces, ``_pieces``)."""
         runs, ends = self._runs, self._ends
         bs = block_size
         b = first
         i = bisect_right(ends, b * bs)
         while b < last:
             p, s, m = runs[i]
-            run_start = ends[i] - m
             a = b * bs
             inside = min(last, (ends[i] // bs))  # blocks ending within run i
             if inside > b and p != LITERAL:
-                size = len(_POOLS[p])
-                base = (s + a - run_start) % size
-                stop = base + (inside - b) * bs
-                if stop <= size:  # no wrap (the rule): the keys' tuples made in C
-                    keys.extend(zip(repeat(p), range(base, stop, bs)))
-                else:
-                    keys.extend([(p, x % size) for x in range(base, stop, bs)])
+                yield None, p, (s + a - (ends[i] - m)) % len(_POOLS[p]), inside - b
                 b = inside
                 if b * bs >= ends[i]:
                     i += 1
                 continue
-            # A block over several runs: its pieces, the first from where the block starts
-            # in run i, the others from their runs' starts (a run's start is kept reduced
-            # modulo its pool's size: the same piece as ``(s + 0) % size``).
-            e, end = ends[i], a + bs
-            pieces = [p, s if p == LITERAL else (s + a - e + m) % len(_POOLS[p]), min(e, end) - a]
-            while e < end:
-                i += 1
-                p, s, m = runs[i]
-                pieces += (p, s, min(m, end - e))
-                e = ends[i]
-            if e == end:
-                i += 1
-            keys.append(tuple(pieces))
+            key, i = self._pieces(i, a, bs)
+            yield key, 0, 0, 1
             b += 1
-        return keys
+
+    def _pieces(self, i: int, a: int, block_size: int) -> tuple[tuple[int, ...], int]:
+        """The key of the block starting at token ``a`` inside run ``i`` and spanning several
+        runs: its pieces ``(pool, position, length, ...)``, the first from where the block
+        starts in run i, the others from their runs' starts (a run's start is kept reduced
+        modulo its pool's size: the same piece as ``(s + 0) % size``); and the run holding
+        the next block's first token."""
+        runs, ends = self._runs, self._ends
+        p, s, m = runs[i]
+        e, end = ends[i], a + block_size
+        pieces = [p, s if p == LITERAL else (s + a - e + m) % len(_POOLS[p]), min(e, end) - a]
+        while e < end:
+            i += 1
+            p, s, m = runs[i]
+            pieces += (p, s, min(m, end - e))
+            e = ends[i]
+        if e == end:
+            i += 1
+        return tuple(pieces), i
 
     def block_hashes(
         self, first: int, last: int, block_size: int, prev: int, chained: bool = True
@@ -407,39 +426,16 @@ class TokenRuns:
                     return list(range(prev + 1, prev + 1 + last - first))
                 after = (p, (s + first * bs - (ends[i] - m)) % len(_POOLS[p]))
         out: list[int] = []
-        b = first
-        i = bisect_right(ends, b * bs)
-        while b < last:
-            p, s, m = runs[i]
-            run_start = ends[i] - m
-            a = b * bs
-            inside = min(last, (ends[i] // bs))  # blocks ending within run i
-            if inside > b and p != LITERAL:
-                size = len(_POOLS[p])
-                base = (s + a - run_start) % size
-                n = inside - b
-                first_id = prev + 1 if after == (p, base) else hash((prev, (p, base)))
-                out.extend(range(first_id, first_id + n))
-                prev = first_id + n - 1
-                after = (p, (base + n * bs) % size)
-                b = inside
-                if b * bs >= ends[i]:
-                    i += 1
+        for key, p, base, n in self._spans(first, last, bs):
+            if key is not None:  # a block over several runs
+                prev = hash((prev, key))
+                out.append(prev)
+                after = None
                 continue
-            # A block over several runs (``block_keys``'s pieces).
-            e, end = ends[i], a + bs
-            pieces = [p, s if p == LITERAL else (s + a - e + m) % len(_POOLS[p]), min(e, end) - a]
-            while e < end:
-                i += 1
-                p, s, m = runs[i]
-                pieces += (p, s, min(m, end - e))
-                e = ends[i]
-            if e == end:
-                i += 1
-            prev = hash((prev, tuple(pieces)))
-            out.append(prev)
-            after = None
-            b += 1
+            first_id = prev + 1 if after == (p, base) else hash((prev, (p, base)))
+            out.extend(range(first_id, first_id + n))
+            prev = first_id + n - 1
+            after = (p, (base + n * bs) % len(_POOLS[p]))
         return out
 
 
