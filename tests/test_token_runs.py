@@ -93,19 +93,20 @@ def test_the_same_ids_in_different_runs_still_compare_equal():
     assert x == y and x.common_prefix(y) == 5
 
 
-def sharing_a_prefix(rng: random.Random) -> tuple[int, TokenRuns, TokenRuns]:
-    """A block size and two sequences, the second a cut of the first continued otherwise."""
+def sharing_a_prefix(rng: random.Random) -> tuple[int, TokenRuns, list[int], TokenRuns]:
+    """A block size and two sequences, the second a cut of the first continued otherwise
+    (the first's ids too, built as a list beside it)."""
     bs = rng.choice([1, 4, 16])
-    a, _ = build(rng)
+    a, a_ids = build(rng)
     b = a[: rng.randrange(len(a) + 1)]
     b += build(rng)[0]
-    return bs, a, b
+    return bs, a, a_ids, b
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_block_keys_are_equal_exactly_for_equal_blocks(seed):
-    bs, a, b = sharing_a_prefix(random.Random(seed))
-    a_ids, b_ids = a.tolist(), b.tolist()
+    bs, a, a_ids, b = sharing_a_prefix(random.Random(seed))
+    b_ids = b.tolist()
     na, nb = len(a_ids) // bs, len(b_ids) // bs
     ka, kb = a.block_keys(0, na, bs), b.block_keys(0, nb, bs)
     assert len(ka) == na and len(kb) == nb
@@ -135,7 +136,7 @@ def test_block_hashes_identify_a_blocks_whole_prefix_by_its_keys(seed):
     """Identities are equal exactly where the chain over block keys is (the plain chain:
     the same prefix of keys), however the blocks are split into calls."""
     rng = random.Random(seed)
-    bs, a, b = sharing_a_prefix(rng)
+    bs, a, _, b = sharing_a_prefix(rng)
     c = b.copy()
     c.extend_walk(rng.randrange(10**6), rng.randrange(200))  # a decode continuing b
     seqs = [x for x in (a, b, c) if len(x) >= bs]

@@ -4,9 +4,9 @@ A block holds ``block_size`` consecutive tokens of one sequence. A *full* block 
 registered in the prefix cache under ``hash(previous block's hash, its token ids)``,
 so a later request whose prompt starts with the same tokens (turn k+1 of a session,
 a sibling in a GRPO group) reuses it. (The simulator's contexts, ``TokenRuns``, chain the
-same way over their block keys, except that a block continuing its predecessor's walk is
-that block's hash plus one: ``TokenRuns.block_hashes``.) Blocks nobody references but that are still
-cached stay in an LRU queue and are evicted only when free blocks run out.
+same way over their block keys, except that a block continuing its predecessor's walk gets
+the predecessor's hash plus one: ``TokenRuns.block_hashes``.) Blocks nobody references but
+that are still cached stay in an LRU queue and are evicted only when free blocks run out.
 """
 
 from __future__ import annotations
@@ -27,15 +27,23 @@ def chain_hash(previous: int, tokens: Seq[int]) -> int:
 
 
 def block_hashes(
-    token_ids: Seq[int], first: int, last: int, block_size: int, prev: int
+    token_ids: Seq[int],
+    first: int,
+    last: int,
+    block_size: int,
+    prev: int,
+    keys: list[tuple[int, ...]] | None = None,
 ) -> list[int]:
     """Chained prefix-cache identities of full blocks ``first .. last - 1`` from ``prev``
-    (block ``first - 1``'s, or ``NO_HASH``): ``chain_hash`` over the block keys, or, for
-    ``TokenRuns``, ``TokenRuns.block_hashes`` (a run's blocks as consecutive ints)."""
+    (block ``first - 1``'s, or ``NO_HASH``): ``chain_hash`` over the block keys (``keys``
+    if the caller made them already), or, for ``TokenRuns``, ``TokenRuns.block_hashes``
+    (a run's blocks as consecutive ints)."""
     if isinstance(token_ids, TokenRuns):
         return token_ids.block_hashes(first, last, block_size, prev, chained=prev != NO_HASH)
     out = []
-    for key in block_keys(token_ids, first, last, block_size):
+    if keys is None:
+        keys = block_keys(token_ids, first, last, block_size)
+    for key in keys:
         prev = chain_hash(prev, key)
         out.append(prev)
     return out
@@ -105,9 +113,8 @@ class BlockManager:
         found: list[int] = []
         if self.verify_tokens:
             keys = block_keys(token_ids, 0, n, self.block_size)
-            for h, tokens in zip(
-                block_hashes(token_ids, 0, n, self.block_size, NO_HASH), keys, strict=True
-            ):
+            hashes = block_hashes(token_ids, 0, n, self.block_size, NO_HASH, keys)
+            for h, tokens in zip(hashes, keys, strict=True):
                 block_id = by_hash.get(h)
                 if block_id is None or self._tokens[block_id] != tokens:
                     break
@@ -150,16 +157,16 @@ class BlockManager:
         table, hashes, by_hash, owned = seq.block_table, self._hash, self._by_hash, self._owned
         prev = hashes[table[first - 1]] if first else NO_HASH
         blocks = table[first:full]
+        keys = None
         if self.verify_tokens:
-            for block_id, tokens in zip(
-                blocks, block_keys(seq.token_ids, first, full, bs), strict=True
-            ):
+            keys = block_keys(seq.token_ids, first, full, bs)
+            for block_id, tokens in zip(blocks, keys, strict=True):
                 if hashes[block_id] == NO_HASH:
                     self._tokens[block_id] = tokens
         # One plain loop (hot in the simulator: ~10^7 blocks a large run; measured faster
         # than building the chain and checking it in bulk).
         for block_id, h in zip(
-            blocks, block_hashes(seq.token_ids, first, full, bs, prev), strict=True
+            blocks, block_hashes(seq.token_ids, first, full, bs, prev, keys), strict=True
         ):
             if hashes[block_id] == NO_HASH:
                 hashes[block_id] = h
