@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,16 @@ from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
 from pearl.token_runs import SAMPLER_FIRST_ID, TokenRuns, id_pool, id_walk
+
+T = TypeVar("T")
+
+
+class _NotApplied(Exception):
+    """A command never ran on the engine, or raised there (``error``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class IterationCost(Protocol):
@@ -178,6 +188,8 @@ class SimulatedWorker:
         self._boundaries: Sequence[float] = []  # a list, or a fast-forward's numpy array
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._wakeup: asyncio.Future[bool] | None = None
+        self._wakeup_timer: asyncio.TimerHandle | None = None
+        self._stretch: np.ndarray | None = None  # a decode stretch's ends while it sleeps
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._pause_s = 0.0
@@ -350,17 +362,21 @@ class SimulatedWorker:
         if self.config.request_overhead_s:
             await asyncio.sleep(self.config.request_overhead_s)
         try:
-            await self._command(apply)
-        except EngineStateError:
-            if not (self._closed or self._role is not role):
-                raise  # not a race with a reconfiguration: a bug to surface
+            # One wait for the output (the turn's coroutine wakes once, not also when the
+            # request lands); a request that never landed fails the same future.
+            out = await self._post(apply, fut)
+        except _NotApplied as failed:
+            if not isinstance(failed.error, EngineStateError) or not (
+                self._closed or self._role is not role
+            ):
+                raise failed.error from None  # not a race with a reconfiguration: a bug
             # A role switch or a stop landed while the turn was on its way (the engine has
             # no KV for it in the decode role, or is gone): handed back with nothing
             # generated, as a live worker answers, and the router resumes it.
             return TurnOutput(
                 turn.request_id, turn.session_id, [], [], "abort", self.requested_version
             )
-        return self._turn_output(await fut, submitted)
+        return self._turn_output(out, submitted)
 
     def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
         return turn_output(out, self.worker_id, _engine_role(self._role), submitted, self._now())
@@ -382,12 +398,54 @@ class SimulatedWorker:
             if not fut.done():
                 fut.set_exception(exc)
 
+        self._enqueue(run, fail)
+        return await fut
+
+    def _post(self, apply: Callable[[], None], result: asyncio.Future[T]) -> asyncio.Future[T]:
+        """Run ``apply`` on the engine between iterations, ``result`` to be set later by the
+        engine; ``result`` fails with ``_NotApplied`` (holding the error) if ``apply``
+        raises or the worker is (or gets) stopped first."""
+        if self._closed:
+            result.set_exception(
+                _NotApplied(EngineStateError(f"worker {self.worker_id} is stopped"))
+            )
+            return result
+
+        def run() -> None:
+            try:
+                apply()
+            except Exception as exc:  # delivered to the caller, the engine keeps running
+                result.set_exception(_NotApplied(exc))
+
+        def fail(exc: Exception) -> None:
+            if not result.done():
+                result.set_exception(_NotApplied(exc))
+
+        self._enqueue(run, fail)
+        return result
+
+    def _enqueue(self, run: Callable[[], None], fail: Callable[[Exception], None]) -> None:
         run.fail = fail  # type: ignore[attr-defined]
         self._inbox.append(run)
         self._ensure_running()
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(True)
-        return await fut
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.done():
+            return
+        ends = self._stretch
+        if ends is None:
+            wakeup.set_result(True)  # idle: wake now
+            return
+        # In a decode stretch the command lands when the iteration in progress ends: the
+        # engine wakes there (not now, to then sleep until there).
+        self._stretch = None
+        loop = asyncio.get_running_loop()
+        # iterations done, plus the one in progress (bisect_left's index)
+        steps = min(int(ends.searchsorted(loop.time(), "left")) + 1, len(ends))
+        self._boundaries = ends[:steps]
+        when = float(ends[steps - 1])
+        if self._wakeup_timer is not None:
+            self._wakeup_timer.cancel()
+        self._wakeup_timer = loop.call_at(when, _wake, wakeup, True)
 
     async def _next_boundary(self) -> None:
         """With ``calls_wait_for_iteration``, wait for the end of the iteration in progress,
@@ -408,21 +466,25 @@ class SimulatedWorker:
         for run in inbox:
             run()
 
-    async def _sleep_until(self, deadline: float | None) -> bool:
-        """Sleep until ``deadline`` (None: forever) or a command arrives; True if woken early."""
+    async def _sleep_until(self, deadline: float | None, stretch: np.ndarray | None = None) -> bool:
+        """Sleep until ``deadline`` (None: forever) or a command arrives; True if woken early.
+        During a decode ``stretch`` (its iterations' ends) a command wakes it at the end of
+        the iteration in progress instead (``_enqueue``)."""
         loop = asyncio.get_running_loop()
         if self._inbox:
             return True
-        self._wakeup = loop.create_future()
-        handle = None
+        self._wakeup = wakeup = loop.create_future()
+        self._stretch = stretch
         if deadline is not None:
-            handle = loop.call_at(deadline, lambda f=self._wakeup: f.done() or f.set_result(False))
+            self._wakeup_timer = loop.call_at(deadline, _wake, wakeup, False)
         try:
-            return await self._wakeup
+            return await wakeup
         finally:
-            if handle is not None:
-                handle.cancel()
+            if self._wakeup_timer is not None:
+                self._wakeup_timer.cancel()
+                self._wakeup_timer = None
             self._wakeup = None
+            self._stretch = None
 
     async def _engine_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -585,7 +647,7 @@ class SimulatedWorker:
             ends = np.array(iteration_ends(start, self.cost.decode_times(batch, total, k)))
         self._boundaries = ends
         end = float(ends[-1])
-        interrupted = await self._sleep_until(end)
+        interrupted = await self._sleep_until(end, ends)
         steps = k
         if interrupted:
             now = asyncio.get_running_loop().time()
@@ -593,7 +655,8 @@ class SimulatedWorker:
             steps = min(int(ends.searchsorted(now, "left")) + 1, k)
             self._boundaries = ends[:steps]
             end = float(ends[steps - 1])
-            await asyncio.sleep(max(0.0, end - now))
+            if end > now:  # (woken by a command that came while nothing slept here)
+                await asyncio.sleep(end - now)
         self._apply_decode_steps(out, steps)
         c = self.counters
         c.fast_forwards += 1
@@ -627,6 +690,11 @@ class SimulatedWorker:
             seq.output_logprobs.extend(zeros)
             if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block filled
                 blocks.commit(seq)
+
+
+def _wake(wakeup: asyncio.Future[bool], early: bool) -> None:
+    if not wakeup.done():
+        wakeup.set_result(early)
 
 
 def _engine_role(role: WorkerRole) -> Role:
