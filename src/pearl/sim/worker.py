@@ -188,8 +188,6 @@ class SimulatedWorker:
         self._boundaries: Sequence[float] = []  # a list, or a fast-forward's numpy array
         self._futures: dict[str, asyncio.Future[RequestOutput]] = {}
         self._wakeup: asyncio.Future[bool] | None = None
-        self._wakeup_timer: asyncio.TimerHandle | None = None
-        self._stretch: np.ndarray | None = None  # a decode stretch's ends while it sleeps
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._pause_s = 0.0
@@ -428,24 +426,8 @@ class SimulatedWorker:
         run.fail = fail  # type: ignore[attr-defined]
         self._inbox.append(run)
         self._ensure_running()
-        wakeup = self._wakeup
-        if wakeup is None or wakeup.done():
-            return
-        ends = self._stretch
-        if ends is None:
-            wakeup.set_result(True)  # idle: wake now
-            return
-        # In a decode stretch the command lands when the iteration in progress ends: the
-        # engine wakes there (not now, to then sleep until there).
-        self._stretch = None
-        loop = asyncio.get_running_loop()
-        # iterations done, plus the one in progress (bisect_left's index)
-        steps = min(int(ends.searchsorted(loop.time(), "left")) + 1, len(ends))
-        self._boundaries = ends[:steps]
-        when = float(ends[steps - 1])
-        if self._wakeup_timer is not None:
-            self._wakeup_timer.cancel()
-        self._wakeup_timer = loop.call_at(when, _wake, wakeup, True)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(True)
 
     async def _next_boundary(self) -> None:
         """With ``calls_wait_for_iteration``, wait for the end of the iteration in progress,
@@ -466,25 +448,21 @@ class SimulatedWorker:
         for run in inbox:
             run()
 
-    async def _sleep_until(self, deadline: float | None, stretch: np.ndarray | None = None) -> bool:
-        """Sleep until ``deadline`` (None: forever) or a command arrives; True if woken early.
-        During a decode ``stretch`` (its iterations' ends) a command wakes it at the end of
-        the iteration in progress instead (``_enqueue``)."""
+    async def _sleep_until(self, deadline: float | None) -> bool:
+        """Sleep until ``deadline`` (None: forever) or a command arrives; True if woken early."""
         loop = asyncio.get_running_loop()
         if self._inbox:
             return True
-        self._wakeup = wakeup = loop.create_future()
-        self._stretch = stretch
+        self._wakeup = loop.create_future()
+        handle = None
         if deadline is not None:
-            self._wakeup_timer = loop.call_at(deadline, _wake, wakeup, False)
+            handle = loop.call_at(deadline, lambda f=self._wakeup: f.done() or f.set_result(False))
         try:
-            return await wakeup
+            return await self._wakeup
         finally:
-            if self._wakeup_timer is not None:
-                self._wakeup_timer.cancel()
-                self._wakeup_timer = None
+            if handle is not None:
+                handle.cancel()
             self._wakeup = None
-            self._stretch = None
 
     async def _engine_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -647,7 +625,7 @@ class SimulatedWorker:
             ends = np.array(iteration_ends(start, self.cost.decode_times(batch, total, k)))
         self._boundaries = ends
         end = float(ends[-1])
-        interrupted = await self._sleep_until(end, ends)
+        interrupted = await self._sleep_until(end)
         steps = k
         if interrupted:
             now = asyncio.get_running_loop().time()
@@ -655,8 +633,7 @@ class SimulatedWorker:
             steps = min(int(ends.searchsorted(now, "left")) + 1, k)
             self._boundaries = ends[:steps]
             end = float(ends[steps - 1])
-            if end > now:  # (woken by a command that came while nothing slept here)
-                await asyncio.sleep(end - now)
+            await asyncio.sleep(max(0.0, end - now))
         self._apply_decode_steps(out, steps)
         c = self.counters
         c.fast_forwards += 1
@@ -690,11 +667,6 @@ class SimulatedWorker:
             seq.output_logprobs.extend(zeros)
             if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block filled
                 blocks.commit(seq)
-
-
-def _wake(wakeup: asyncio.Future[bool], early: bool) -> None:
-    if not wakeup.done():
-        wakeup.set_result(early)
 
 
 def _engine_role(role: WorkerRole) -> Role:

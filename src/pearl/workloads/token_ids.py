@@ -4,6 +4,7 @@ share the system/tool prefix, so prefix caching behaves as in real runs."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ __all__ = ["id_pool", "id_walk"]  # re-exported: their home is pearl.token_runs
 _SHARED, _TASK, _OBSERVATION, _RESPONSE = 0, 1, 2, 3
 
 
+@functools.lru_cache(maxsize=65536)  # a batch's few task ids, asked twice every turn
 def _task_key(task_id: str) -> int:
     # A stable hash (Python's hash() of a str is salted per process).
     return int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little")
