@@ -1,5 +1,4 @@
 import asyncio
-import random
 import time
 
 import pytest
@@ -95,51 +94,3 @@ def test_the_clock_keeps_running_far_from_zero(start):
     finally:
         signal.alarm(0)
     assert end == pytest.approx(start + 2e7 + 10, rel=1e-12, abs=1e-6)
-
-
-class _AsyncioTimers(VirtualTimeLoop):
-    """The same virtual clock with asyncio's own timer heap and loop iteration."""
-
-    call_at = asyncio.BaseEventLoop.call_at
-    _run_once = asyncio.BaseEventLoop._run_once
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_timer_pairs_run_callbacks_in_asyncio_s_own_order(seed):
-    """VirtualTimeLoop keeps timers as (when, handle) pairs; ties in time, cancellations
-    (enough to trigger the heap's clean-up) and timers set from callbacks run in exactly
-    the order asyncio's own heap of handles gives."""
-
-    def program(loop_cls):
-        rng = random.Random(seed)
-        loop = loop_cls()
-        order = []
-        handles = []
-
-        def fire(label, depth):
-            order.append((loop.time(), label))
-            if depth < 2:
-                for k in range(rng.randrange(3)):  # coarse times: many exact ties
-                    delay = rng.choice([0.0, 0.5, 1.0, 1.5])
-                    handles.append(loop.call_later(delay, fire, f"{label}.{k}", depth + 1))
-            for _ in range(rng.randrange(4)):  # cancel some pending timers, often many
-                if handles:
-                    handles.pop(rng.randrange(len(handles))).cancel()
-            if rng.random() < 0.2:
-                loop.call_soon(fire, f"{label}!", 2)
-
-        async def main():
-            for i in range(400):
-                handles.append(loop.call_at(rng.randrange(40) / 4, fire, str(i), 0))
-            await asyncio.sleep(100)
-
-        try:
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
-        return order
-
-    ours, theirs = program(VirtualTimeLoop), program(_AsyncioTimers)
-    times = [t for t, _ in ours]
-    assert len(ours) > 300 and len(set(times)) < len(times) / 4  # many callbacks, tied
-    assert ours == theirs

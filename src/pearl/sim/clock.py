@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import heapq
 import math
 import selectors
-from asyncio import events
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -32,13 +30,6 @@ def _resolution(now: float) -> float:
     never fires: the loop spun forever. The tolerance is a few representable steps of the
     current time instead (1e-9 s near 0, 2.4e-7 s at 1e9 s)."""
     return max(1e-9, 4 * math.ulp(now))
-
-
-# asyncio's own thresholds (asyncio/base_events.py): timers cleaned out of the heap at
-# once when more than half of over 100 are cancelled; no select waits over a day.
-_MIN_SCHEDULED = 100
-_CANCELLED_FRACTION = 0.5
-_MAX_TIMEOUT = 24 * 3600
 
 
 class _JumpingSelector(selectors.DefaultSelector):
@@ -115,72 +106,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def timer_jumps(self) -> int:
         """How many times the clock jumped forward (a measure of simulated events)."""
         return self._virtual.jumps
-
-    # -- timers as (when, handle) pairs ------------------------------------------------
-    # asyncio keeps its timers in a heap of ``TimerHandle``s, ordered by their ``__lt__``,
-    # a Python method called ~10-20 times per timer in a fleet's heap of 10^3-10^4 timers.
-    # Here the heap holds ``(when, handle)`` pairs, compared in C. A pair compares as its
-    # handle does (equal times fall through to the handles, as before), so the heap's
-    # every push, pop and heapify orders exactly as asyncio's: the same callbacks run in
-    # the same order. ``_run_once`` is asyncio's loop iteration (3.11-3.13) over pairs.
-
-    def call_at(self, when, callback, *args, context=None):
-        if when is None:
-            raise TypeError("when cannot be None")
-        self._check_closed()
-        if self._debug:
-            self._check_thread()
-            self._check_callback(callback, "call_at")
-        timer = events.TimerHandle(when, callback, args, self, context)
-        if timer._source_traceback:
-            del timer._source_traceback[-1]
-        heapq.heappush(self._scheduled, (timer._when, timer))
-        timer._scheduled = True
-        return timer
-
-    def _run_once(self) -> None:
-        scheduled: list[tuple[float, asyncio.TimerHandle]] = self._scheduled
-        count = len(scheduled)
-        if count > _MIN_SCHEDULED and self._timer_cancelled_count / count > _CANCELLED_FRACTION:
-            kept = []
-            for entry in scheduled:  # drop the cancelled timers, as asyncio does
-                if entry[1]._cancelled:
-                    entry[1]._scheduled = False
-                else:
-                    kept.append(entry)
-            heapq.heapify(kept)
-            self._scheduled = scheduled = kept
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0][1]._cancelled:
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)[1]._scheduled = False
-        ready = self._ready
-        if not (ready or self._stopping):
-            # (With callbacks ready the selector returns at once, polling nothing.)
-            timeout = None
-            if scheduled:
-                timeout = min(max(0.0, scheduled[0][0] - self.time()), _MAX_TIMEOUT)
-            self._process_events(self._selector.select(timeout))
-        end_time = self.time() + self._clock_resolution
-        while scheduled and scheduled[0][0] < end_time:
-            handle = heapq.heappop(scheduled)[1]
-            handle._scheduled = False
-            ready.append(handle)
-        debug = self._debug
-        for _ in range(len(ready)):
-            handle = ready.popleft()
-            if handle._cancelled:
-                continue
-            if debug:
-                self._current_handle = handle
-                try:
-                    handle._run()
-                finally:
-                    self._current_handle = None
-            else:
-                handle._run()
-        handle = None  # break a cycle through an exception's traceback
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 
@@ -33,16 +33,6 @@ from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
 from pearl.token_runs import SAMPLER_FIRST_ID, TokenRuns, id_pool, id_walk
-
-T = TypeVar("T")
-
-
-class _NotApplied(Exception):
-    """A command never ran on the engine, or raised there (``error``)."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 class IterationCost(Protocol):
@@ -360,21 +350,17 @@ class SimulatedWorker:
         if self.config.request_overhead_s:
             await asyncio.sleep(self.config.request_overhead_s)
         try:
-            # One wait for the output (the turn's coroutine wakes once, not also when the
-            # request lands); a request that never landed fails the same future.
-            out = await self._post(apply, fut)
-        except _NotApplied as failed:
-            if not isinstance(failed.error, EngineStateError) or not (
-                self._closed or self._role is not role
-            ):
-                raise failed.error from None  # not a race with a reconfiguration: a bug
+            await self._command(apply)
+        except EngineStateError:
+            if not (self._closed or self._role is not role):
+                raise  # not a race with a reconfiguration: a bug to surface
             # A role switch or a stop landed while the turn was on its way (the engine has
             # no KV for it in the decode role, or is gone): handed back with nothing
             # generated, as a live worker answers, and the router resumes it.
             return TurnOutput(
                 turn.request_id, turn.session_id, [], [], "abort", self.requested_version
             )
-        return self._turn_output(out, submitted)
+        return self._turn_output(await fut, submitted)
 
     def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
         return turn_output(out, self.worker_id, _engine_role(self._role), submitted, self._now())
@@ -396,38 +382,12 @@ class SimulatedWorker:
             if not fut.done():
                 fut.set_exception(exc)
 
-        self._enqueue(run, fail)
-        return await fut
-
-    def _post(self, apply: Callable[[], None], result: asyncio.Future[T]) -> asyncio.Future[T]:
-        """Run ``apply`` on the engine between iterations, ``result`` to be set later by the
-        engine; ``result`` fails with ``_NotApplied`` (holding the error) if ``apply``
-        raises or the worker is (or gets) stopped first."""
-        if self._closed:
-            result.set_exception(
-                _NotApplied(EngineStateError(f"worker {self.worker_id} is stopped"))
-            )
-            return result
-
-        def run() -> None:
-            try:
-                apply()
-            except Exception as exc:  # delivered to the caller, the engine keeps running
-                result.set_exception(_NotApplied(exc))
-
-        def fail(exc: Exception) -> None:
-            if not result.done():
-                result.set_exception(_NotApplied(exc))
-
-        self._enqueue(run, fail)
-        return result
-
-    def _enqueue(self, run: Callable[[], None], fail: Callable[[Exception], None]) -> None:
         run.fail = fail  # type: ignore[attr-defined]
         self._inbox.append(run)
         self._ensure_running()
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(True)
+        return await fut
 
     async def _next_boundary(self) -> None:
         """With ``calls_wait_for_iteration``, wait for the end of the iteration in progress,
