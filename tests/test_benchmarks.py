@@ -272,3 +272,14 @@ def test_trainer_memory_batch_scores_every_trajectory():
     assert len(samples) == 32 and len({s.group for s in samples}) == 8
     assert all(a != 0 for a in advantages([s.reward for s in samples], [s.group for s in samples]))
     assert set(bench.VARIANTS) == {"full", "full + KL", "LoRA", "LoRA + KL"}
+
+
+def test_sim_ab_alternates_a_revision_with_the_tree_and_compares_digests(capsys):
+    """benchmarks/sim_ab.py: runs in ABBA order, each on its own tree, and the same code
+    on both sides gives one digest (exit 0)."""
+    bench = load("sim_ab")
+    assert bench.order(3) == ["base", "new", "new", "base", "base", "new"]
+    bench.main(["--base", "HEAD", "--workers", "2", "--pairs", "1"])
+    out = capsys.readouterr().out
+    assert "2 workers, 1 pairs" in out and "on every run" in out
+    assert [line.split()[0] for line in out.splitlines()[:2]] == ["base", "new"]

@@ -1,0 +1,121 @@
+"""Simulator A/B: one pearl step (``sim_scale.one_step``) of a base revision against the
+working tree, run alternately, with the results' digests compared.
+
+    .venv/bin/python benchmarks/sim_ab.py --base HEAD~1                 # 64 workers, 3 pairs
+    .venv/bin/python benchmarks/sim_ab.py --base 5eb8b57 --workers 512 --pairs 1
+
+The machines here are shared: the same run's wall time moves 10-20% within minutes and up
+to 2x within a day, so a speed-up of a few percent shows only against a baseline run right
+beside it. The base revision is checked out in a temporary git worktree; every run is a
+fresh process (its own imports, peak memory and allocator state) on one tree's ``src/``,
+in the order base, new, new, base, base, new, ... (ABBA: a steady drift of the host's
+speed weighs on both sides alike). Reported per run: wall and CPU seconds, peak resident
+MB and the result's digest (``sim_scale.result_digest``); then each side's median and the
+median of the pairs' new/base ratios. Exits with status 1 if the digests differ (a
+speed-up must not change the result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One step in a fresh interpreter on the tree whose src/ and benchmarks/ come first.
+_ONE_RUN = """
+import json, pathlib, sys, tempfile, time
+sys.path[:0] = [sys.argv[1] + "/src", sys.argv[1] + "/benchmarks"]
+import pearl, sim_scale
+assert pearl.__file__.startswith(sys.argv[1]), f"pearl came from {pearl.__file__}"
+with tempfile.TemporaryDirectory() as d:
+    trace = pathlib.Path(d) / "none.csv"
+    trace.write_text("time_s,available\\n0,0\\n")  # no preemptible GPUs: the fleet is fixed
+    r = sim_scale.one_step(sys.argv[3], int(sys.argv[2]), str(trace))
+r["cpu_s"] = time.process_time()
+print(json.dumps({k: r[k] for k in ("wall_s", "cpu_s", "peak_mb", "digest", "turns")}))
+"""
+
+
+def one_run(tree: Path, workers: int, model: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", _ONE_RUN, str(tree), str(workers), model],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"the run on {tree} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def order(pairs: int) -> list[str]:
+    """ABBA: base, new, new, base, base, new, ... (``pairs`` runs of each)."""
+    return [
+        side for i in range(pairs) for side in (("base", "new") if i % 2 == 0 else ("new", "base"))
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="git revision to compare against")
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--model", default="Qwen3-8B")
+    parser.add_argument("--pairs", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.pairs < 1 or args.workers < 1:
+        parser.error("--pairs and --workers must be >= 1")
+
+    with tempfile.TemporaryDirectory(prefix="pearl-sim-ab-") as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "worktree",
+                "add",
+                "--detach",
+                "--quiet",
+                str(base),
+                args.base,
+            ],
+            check=True,
+        )
+        try:
+            runs: dict[str, list[dict]] = {"base": [], "new": []}
+            for side in order(args.pairs):
+                r = one_run(base if side == "base" else ROOT, args.workers, args.model)
+                runs[side].append(r)
+                print(
+                    f"{side:4s}  {r['wall_s']:7.1f} s wall  {r['cpu_s']:7.1f} s CPU  "
+                    f"{r['peak_mb']:6.0f} MB  {r['digest']}",
+                    flush=True,
+                )
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False
+            )
+
+    wall = {side: [r["wall_s"] for r in rs] for side, rs in runs.items()}
+    ratios = [n / b for n, b in zip(wall["new"], wall["base"], strict=True)]
+    print(
+        f"{args.workers} workers, {args.pairs} pairs: base median {statistics.median(wall['base']):.1f} s, "
+        f"new median {statistics.median(wall['new']):.1f} s; new/base per pair "
+        + ", ".join(f"{x:.3f}" for x in ratios)
+        + f" (median {statistics.median(ratios):.3f})"
+    )
+    digests = {r["digest"] for rs in runs.values() for r in rs}
+    if len(digests) != 1:
+        print(f"DIGESTS DIFFER: {sorted(digests)}")
+        sys.exit(1)
+    print(f"digest {digests.pop()} on every run")
+
+
+if __name__ == "__main__":
+    main()
