@@ -73,20 +73,15 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="pearl-sim-ab-") as tmp:
         base = Path(tmp) / "base"
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                str(ROOT),
-                "worktree",
-                "add",
-                "--detach",
-                "--quiet",
-                str(base),
-                args.base,
-            ],
-            check=True,
+        git = ["git", "-C", str(ROOT), "worktree"]
+        added = subprocess.run(
+            [*git, "add", "--detach", "--quiet", str(base), args.base],
+            capture_output=True,
+            text=True,
+            check=False,
         )
+        if added.returncode != 0:
+            sys.exit(f"--base {args.base!r}: git could not check it out: {added.stderr.strip()}")
         try:
             runs: dict[str, list[dict]] = {"base": [], "new": []}
             for side in order(args.pairs):
@@ -98,9 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
         finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False
-            )
+            subprocess.run([*git, "remove", "--force", str(base)], check=False)
 
     wall = {side: [r["wall_s"] for r in rs] for side, rs in runs.items()}
     ratios = [n / b for n, b in zip(wall["new"], wall["base"], strict=True)]
