@@ -35,10 +35,11 @@ import pearl, sim_scale
 assert pearl.__file__.startswith(sys.argv[1]), f"pearl came from {pearl.__file__}"
 with tempfile.TemporaryDirectory() as d:
     trace = pathlib.Path(d) / "none.csv"
-    trace.write_text("time_s,available\\n0,0\\n")  # no preemptible GPUs: the fleet is fixed
+    # No preemptible GPUs, as sim_scale's main writes it (inline: older trees run this too).
+    trace.write_text("time_s,available\\n0,0\\n")
     r = sim_scale.one_step(sys.argv[3], int(sys.argv[2]), str(trace))
 r["cpu_s"] = time.process_time()
-print(json.dumps({k: r[k] for k in ("wall_s", "cpu_s", "peak_mb", "digest", "turns")}))
+print(json.dumps({k: r[k] for k in ("wall_s", "cpu_s", "peak_mb", "digest")}))
 """
 
 
