@@ -408,33 +408,52 @@ class TokenRuns:
     ) -> list[int]:
         """Prefix-cache identities of blocks ``first .. last - 1``, chained from ``prev`` (block
         ``first - 1``'s identity if ``chained``, else a root): ``hash((previous, key))`` with
-        the key ``block_keys`` gives, except for a block whose key continues the previous
-        block's walk (both inside runs of one pool, the second where the first ends), which
-        is the previous identity plus one. Equal keys give equal identities (a function of the
+        the key ``block_keys`` gives, except for a block inside one pool run that continues the
+        previous block's walk (starts where the previous block's last piece ends, in the same
+        pool), which is the previous identity plus one. Equal keys give equal identities (a function of the
         keys), different keys different ones (a 64-bit hash's odds, which also bound a run's
         identities reaching the block manager's ``NO_HASH``, -1); and a run's blocks get
         consecutive ints, which a dict keeps in neighbouring slots (the prefix cache's index
-        is then read and written in order, not at random)."""
+        is then read and written in order, not at random). ``block_hash_runs`` gives them
+        as ranges."""
+        out: list[int] = []
+        for start, n in self.block_hash_runs(first, last, block_size, prev, chained):
+            out.extend(range(start, start + n))
+        return out
+
+    def block_hash_runs(
+        self, first: int, last: int, block_size: int, prev: int, chained: bool = True
+    ) -> list[tuple[int, int]]:
+        """``block_hashes`` as ranges ``(first identity, count)`` of consecutive identities,
+        in block order (what ``pearl.sim.prefix_runs`` keeps its cache by)."""
+        if last <= first:
+            return []
         runs, ends = self._runs, self._ends
         bs = block_size
-        after = None  # (pool, position after block first - 1) if it lies inside one pool run
+        after = None  # (pool, position) where block first - 1's last piece ends, in one run
         if first and chained:
-            i = bisect_right(ends, (first - 1) * bs)
+            i = bisect_right(ends, first * bs - 1)  # the run holding block first - 1's last token
             p, s, m = runs[i]
-            if p != LITERAL and first * bs <= ends[i]:
-                if last * bs <= ends[i]:  # the common case: all in the run block first - 1 is in
-                    return list(range(prev + 1, prev + 1 + last - first))
+            if p != LITERAL:
+                if last * bs <= ends[i]:  # the common case: all in that run
+                    return [(prev + 1, last - first)]
                 after = (p, (s + first * bs - (ends[i] - m)) % len(_POOLS[p]))
-        out: list[int] = []
+        out: list[tuple[int, int]] = []
         for key, p, base, n in self._spans(first, last, bs):
-            if key is not None:  # a block over several runs
+            if key is not None:  # a block over several runs: its last piece ends in one
                 prev = hash((prev, key))
-                out.append(prev)
-                after = None
+                out.append((prev, 1))
+                q, s, m = key[-3:]
+                after = None if q == LITERAL else (q, (s + m) % len(_POOLS[q]))
                 continue
-            first_id = prev + 1 if after == (p, base) else hash((prev, (p, base)))
-            out.extend(range(first_id, first_id + n))
-            prev = first_id + n - 1
+            if after == (p, base):  # continues the previous block's walk: the same range
+                if out:
+                    out[-1] = (out[-1][0], out[-1][1] + n)
+                else:
+                    out.append((prev + 1, n))
+            else:
+                out.append((hash((prev, (p, base))), n))
+            prev = out[-1][0] + out[-1][1] - 1
             after = (p, (base + n * bs) % len(_POOLS[p]))
         return out
 

@@ -4,8 +4,9 @@ A block holds ``block_size`` consecutive tokens of one sequence. A *full* block 
 registered in the prefix cache under ``hash(previous block's hash, its token ids)``,
 so a later request whose prompt starts with the same tokens (turn k+1 of a session,
 a sibling in a GRPO group) reuses it. (The simulator's contexts, ``TokenRuns``, chain the
-same way over their block keys, except that a block continuing its predecessor's walk gets
-the predecessor's hash plus one: ``TokenRuns.block_hashes``.) Blocks nobody references but
+same way over their block keys, except that a block inside one run continuing its
+predecessor's walk gets the predecessor's hash plus one: ``TokenRuns.block_hashes``; the
+simulator keeps that cache by runs of such blocks: ``pearl.sim.prefix_runs``.) Blocks nobody references but
 that are still cached stay in an LRU queue and are evicted only when free blocks run out.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from pearl.engine.sequence import Sequence
 from pearl.token_runs import TokenRuns, block_keys
@@ -51,6 +53,34 @@ def block_hashes(
 
 class OutOfBlocks(Exception):
     """Not enough free or evictable blocks; the caller preempts or waits."""
+
+
+class KVBlocks(Protocol):
+    """What the scheduler uses of a block manager: ``BlockManager``, or the simulator's
+    ``pearl.sim.prefix_runs.RunBlockManager`` (the same cache kept by runs of blocks)."""
+
+    num_blocks: int
+    block_size: int
+    cache_hits: int
+    cache_queries: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_cached_blocks(self) -> int: ...
+
+    def attach_prefix(self, seq: Sequence) -> int: ...
+
+    def commit(self, seq: Sequence) -> None: ...
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> None: ...
+
+    def truncate(self, seq: Sequence, keep: int) -> None: ...
+
+    def release(self, seq: Sequence) -> None: ...
+
+    def reset_prefix_cache(self) -> None: ...
 
 
 class BlockManager:
@@ -260,6 +290,12 @@ class BlockManager:
             self._free.extend(private)
         if len(self._lru) > 2 * self._num_evictable + self.LRU_SLACK:
             self._compact_lru()
+
+    def truncate(self, seq: Sequence, keep: int) -> None:
+        """Free ``seq``'s blocks after its first ``keep`` (the tail first)."""
+        self.free(seq.block_table[keep:])
+        del seq.block_table[keep:]
+        seq.num_hashed_blocks = min(seq.num_hashed_blocks, keep)
 
     def release(self, seq: Sequence) -> None:
         """Free all of ``seq``'s blocks and forget its KV (``num_computed_tokens`` -> 0)."""

@@ -18,7 +18,7 @@ from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pearl.engine.block_manager import BlockManager, OutOfBlocks
+from pearl.engine.block_manager import KVBlocks, OutOfBlocks
 from pearl.engine.kv_transfer import token_digest
 from pearl.engine.sequence import (
     FinishReason,
@@ -134,7 +134,7 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting queue, the running set and the pinned sessions of one engine."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: KVBlocks) -> None:
         self.config = config
         self.blocks = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -198,9 +198,7 @@ class Scheduler:
         if keep == 0:
             self.release_session(session_id)
             return 0
-        self.blocks.free(pinned.block_table[keep // bs :])
-        del pinned.block_table[keep // bs :]
-        pinned.num_hashed_blocks = min(pinned.num_hashed_blocks, keep // bs)
+        self.blocks.truncate(pinned, keep // bs)
         del pinned.token_ids[keep:]
         pinned.num_computed_tokens = keep
         return keep

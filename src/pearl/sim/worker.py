@@ -25,13 +25,13 @@ from typing import Protocol
 import numpy as np
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
-from pearl.engine.block_manager import BlockManager
 from pearl.engine.config import EngineConfig
 from pearl.engine.scheduler import Scheduler, SchedulerOutput
 from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
 from pearl.errors import EngineStateError
+from pearl.sim.prefix_runs import RunBlockManager
 from pearl.token_runs import SAMPLER_FIRST_ID, TokenRuns, id_pool, id_walk
 
 
@@ -165,7 +165,7 @@ class SimulatedWorker:
         self.counters = WorkerCounters()
         self._on_iteration = on_iteration
         cfg = self.config
-        self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size, verify_tokens=False)
+        self.blocks = RunBlockManager(cfg.num_kv_blocks, cfg.block_size)
         self.scheduler = Scheduler(
             cfg.scheduler_config(cfg.max_model_len, _engine_role(role)),
             self.blocks,
@@ -330,7 +330,7 @@ class SimulatedWorker:
         # A run keeps every worker it made, for its counters; a stopped one's engine state
         # (the KV accounting of its whole capacity, pinned sessions' contexts: MBs) goes,
         # or memory would grow with every worker a long elastic run starts and stops.
-        self.blocks = BlockManager(1, self.config.block_size, verify_tokens=False)
+        self.blocks = RunBlockManager(1, self.config.block_size)
         self.scheduler = Scheduler(self.scheduler.config, self.blocks)
 
     # -- internals -----------------------------------------------------------------
