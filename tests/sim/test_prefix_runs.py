@@ -113,3 +113,22 @@ def test_a_duplicates_next_block_inside_the_piece_it_copies_is_a_duplicate_too()
     fast = RunBlockManager(10, 1)
     drive(fast, PlainBlockManager(10, 1), ops, 1, True, _same)
     assert fast.num_cached_blocks == 6  # the prompt's blocks 0-5, each once
+
+
+def test_a_commit_running_into_a_cached_continuation_keeps_it_and_stays_private_there():
+    """A sibling's duplicate prefix is freed (private) while the prefix it copied is evicted
+    first, so the continuation it computed stays cached without its prefix; a later request
+    computing the whole prompt owns the prefix again and duplicates the continuation."""
+    ops = [
+        ("admit", [0, 1, 2], 1),  # A: 1 token (block 0 not full yet)
+        ("admit", [0, 1, 2], 1),  # B: the same
+        ("compute", 0, 1),  # A commits block 0
+        ("compute", 1, 3),  # B: block 0 a duplicate, block 1 its own
+        ("release", 0, 0),  # A: block 0 evictable
+        ("release", 0, 0),  # B: block 1 evictable after it; its duplicate free
+        ("admit", [2, 3], 4),  # C takes the free block and evicts block 0
+        ("release", 0, 0),
+        ("admit", [0, 1, 2], 4),  # D: block 0 anew, block 1 still cached (B's)
+    ]
+    fast = RunBlockManager(3, 2)
+    drive(fast, PlainBlockManager(3, 2), ops, 2, True, _same)

@@ -33,6 +33,7 @@ per-block cache would attach the other chain's KV.)
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
 from pearl.engine.block_manager import NO_HASH, OutOfBlocks, chain_hash
@@ -55,11 +56,22 @@ class _Piece:
 class _Index:
     """Disjoint pieces by first identity."""
 
-    __slots__ = ("pieces", "longest")
+    __slots__ = ("pieces", "longest", "inner")
 
     def __init__(self) -> None:
         self.pieces: dict[int, _Piece] = {}
         self.longest = 1  # no piece was ever longer (how far ``holding`` looks back)
+        # The first identities, sorted, of the pieces that start inside a run of consecutive
+        # identities (at a block continuing the one before: the tail of a split, a commit
+        # after a duplicate): the only pieces a commit's new range can run into.
+        self.inner: list[int] = []
+
+    def remove(self, piece: _Piece) -> None:
+        del self.pieces[piece.start]
+        inner = self.inner
+        i = bisect_left(inner, piece.start)
+        if i < len(inner) and inner[i] == piece.start:
+            del inner[i]
 
     def grow(self, piece: _Piece, n: int) -> None:
         piece.n += n
@@ -83,6 +95,7 @@ class _Index:
         piece.n -= k
         self.pieces[head.start] = head
         self.pieces[piece.start] = piece
+        insort(self.inner, piece.start)
         return head
 
     def last_of(self, h: int, n: int) -> _Piece:
@@ -231,16 +244,18 @@ class RunBlockManager:
         # After a duplicate, the next block may be inside the piece it duplicates.
         inside = last is not None and not last[2]
         cached = 0
+        inner = index.inner
         for h, n in _hash_runs(seq.token_ids, first, full, bs, prev):
-            while n:  # hot: a few dict operations a run, the scan in C
+            continues = h == prev + 1  # the block continues the one before (else a new range)
+            while n:  # hot: a few dict operations a run
                 piece = index.holding(h) if inside else pieces.get(h)
                 inside = False
                 if piece is not None:  # cached already: these blocks are duplicates
                     d = min(n, piece.start + piece.n - h)
                     owned = False
                 else:  # new up to the next cached piece's start, if one is in the range
-                    nxt = next(filter(pieces.__contains__, range(h + 1, h + n)), None)
-                    d = n if nxt is None else nxt - h
+                    i = bisect_right(inner, h)
+                    d = n if i == len(inner) or inner[i] >= h + n else inner[i] - h
                     cached += d
                     owned = True
                     mine = None
@@ -252,6 +267,8 @@ class RunBlockManager:
                         pieces[h] = _Piece(h, d, 1)
                         if d > index.longest:
                             index.longest = d
+                        if continues:
+                            insort(inner, h)
                 if last is not None and last[2] == owned and last[0] + last[1] == h:
                     last[1] += d
                 else:
@@ -259,6 +276,8 @@ class RunBlockManager:
                     runs.append(last)
                 h += d
                 n -= d
+                continues = True
+            prev = h - 1
         self._cached += cached
         table.hashed = full
         seq.num_hashed_blocks = full
@@ -298,7 +317,7 @@ class RunBlockManager:
             if not piece.n:
                 lru.popleft()
                 piece.queued = 0
-                del self._index.pieces[piece.start]
+                self._index.remove(piece)
 
     def truncate(self, seq: Sequence, keep: int) -> None:
         """Free ``seq``'s blocks after its first ``keep`` (the tail first)."""
@@ -349,7 +368,7 @@ class RunBlockManager:
             piece.ref -= 1
             if not piece.ref:
                 self._free += piece.n
-                del index.pieces[piece.start]
+                index.remove(piece)
         if not index.pieces:
             del self._old[epoch]
 
@@ -372,6 +391,7 @@ class RunBlockManager:
         self._lru.clear()
         held = _Index()
         held.pieces = {h: p for h, p in self._index.pieces.items() if p.ref}
+        held.inner = [h for h in self._index.inner if h in held.pieces]
         if held.pieces:
             self._old[self._epoch] = held
         self._index = _Index()
@@ -400,6 +420,7 @@ class RunBlockManager:
                 assert a.start + a.n <= b.start, (a.start, a.n, b.start)
             assert all(p.n > 0 and p.start == s for s, p in zip(starts, pieces, strict=True))
             refs.update({(epoch, s): 0 for s in starts})
+            assert index.inner == sorted(set(index.inner)) and set(index.inner) <= set(starts)
         held = 0
         for table in live_tables:
             if not isinstance(table, RunTable):
