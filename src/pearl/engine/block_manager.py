@@ -83,7 +83,40 @@ class KVBlocks(Protocol):
     def reset_prefix_cache(self) -> None: ...
 
 
-class BlockManager:
+class BlockAccounting:
+    """What every block manager does to a sequence's own fields (``BlockManager`` and the
+    simulator's ``RunBlockManager``)."""
+
+    block_size: int
+    cache_hits: int  # tokens served from the prefix cache
+    cache_queries: int  # prompt tokens looked up
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """Extra blocks ``seq`` needs so that its table covers ``num_tokens`` tokens."""
+        need = -(-num_tokens // self.block_size)
+        return max(0, need - len(seq.block_table))
+
+    def _attached(self, seq: Sequence, table: list[int], blocks: int) -> int:
+        """``seq`` starts from ``table``, its first ``blocks`` served from the prefix cache;
+        returns their tokens."""
+        seq.block_table = table
+        seq.num_hashed_blocks = blocks
+        seq.num_computed_tokens = blocks * self.block_size
+        self.cache_queries += seq.num_tokens
+        self.cache_hits += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
+    @staticmethod
+    def _forgotten(seq: Sequence) -> None:
+        """``seq`` holds no KV any more (its blocks were freed)."""
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+        seq.num_computed_tokens = 0
+        seq.cacheable = True  # what it computes next, the current weights compute
+        seq.kv_version = None
+
+
+class BlockManager(BlockAccounting):
     """Allocates KV blocks to sequences; owns the prefix cache."""
 
     LRU_SLACK = 1024  # stale LRU entries tolerated beyond the evictable blocks' own
@@ -130,11 +163,6 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         return len(self._by_hash)
 
-    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks ``seq`` needs so that its table covers ``num_tokens`` tokens."""
-        need = -(-num_tokens // self.block_size)
-        return max(0, need - len(seq.block_table))
-
     # -- prefix cache ---------------------------------------------------------------
     def match_prefix(self, token_ids: Seq[int], max_tokens: int) -> list[int]:
         """Cached full blocks covering a prefix of ``token_ids`` no longer than ``max_tokens``."""
@@ -167,12 +195,7 @@ class BlockManager:
         hits = self.match_prefix(seq.token_ids, seq.num_tokens - 1)
         for block_id in hits:
             self._take(block_id)
-        seq.block_table = hits
-        seq.num_hashed_blocks = len(hits)
-        seq.num_computed_tokens = len(hits) * self.block_size
-        self.cache_queries += seq.num_tokens
-        self.cache_hits += seq.num_computed_tokens
-        return seq.num_computed_tokens
+        return self._attached(seq, hits, len(hits))
 
     def commit(self, seq: Sequence) -> None:
         """Register the blocks ``seq`` has completely computed in the prefix cache (none if
@@ -300,11 +323,7 @@ class BlockManager:
     def release(self, seq: Sequence) -> None:
         """Free all of ``seq``'s blocks and forget its KV (``num_computed_tokens`` -> 0)."""
         self.free(seq.block_table)
-        seq.block_table = []
-        seq.num_hashed_blocks = 0
-        seq.num_computed_tokens = 0
-        seq.cacheable = True  # what it computes next, the current weights compute
-        seq.kv_version = None
+        self._forgotten(seq)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (new weights make cached KV stale)."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
-from pearl.engine.block_manager import NO_HASH, OutOfBlocks, chain_hash
+from pearl.engine.block_manager import NO_HASH, BlockAccounting, OutOfBlocks, chain_hash
 from pearl.engine.sequence import Sequence
 from pearl.token_runs import TokenRuns, block_keys
 
@@ -151,7 +151,7 @@ def _hash_runs(token_ids, first: int, last: int, block_size: int, prev: int) -> 
     return out
 
 
-class RunBlockManager:
+class RunBlockManager(BlockAccounting):
     """``BlockManager``'s accounting and prefix cache (``verify_tokens=False``), by pieces."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -184,10 +184,6 @@ class RunBlockManager:
     def num_cached_blocks(self) -> int:
         return self._cached
 
-    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks ``seq`` needs so that its table covers ``num_tokens`` tokens."""
-        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
-
     # -- prefix cache ---------------------------------------------------------------
     def attach_prefix(self, seq: Sequence) -> int:
         """Give a fresh sequence the cached blocks of its longest cached prefix (at least
@@ -216,12 +212,7 @@ class RunBlockManager:
                 break
         table.extend([0] * hits)
         table.hashed = hits
-        seq.block_table = table
-        seq.num_hashed_blocks = hits
-        seq.num_computed_tokens = hits * bs
-        self.cache_queries += seq.num_tokens
-        self.cache_hits += seq.num_computed_tokens
-        return seq.num_computed_tokens
+        return self._attached(seq, table, hits)
 
     def commit(self, seq: Sequence) -> None:
         """Register the blocks ``seq`` has completely computed in the prefix cache (none if
@@ -375,11 +366,7 @@ class RunBlockManager:
     def release(self, seq: Sequence) -> None:
         """Free all of ``seq``'s blocks and forget its KV (``num_computed_tokens`` -> 0)."""
         self.truncate(seq, 0)
-        seq.block_table = []
-        seq.num_hashed_blocks = 0
-        seq.num_computed_tokens = 0
-        seq.cacheable = True  # what it computes next, the current weights compute
-        seq.kv_version = None
+        self._forgotten(seq)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached identity (new weights make cached KV stale)."""
