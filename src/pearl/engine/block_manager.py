@@ -96,6 +96,19 @@ class BlockAccounting:
         need = -(-num_tokens // self.block_size)
         return max(0, need - len(seq.block_table))
 
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that an allocation can take now (free plus evictable)."""
+        raise NotImplementedError
+
+    def _blocks_to_take(self, seq: Sequence, num_tokens: int) -> int:
+        """The blocks ``allocate`` must add for ``num_tokens`` tokens (0: none); raises
+        ``OutOfBlocks``, having changed nothing, if fewer are free or evictable."""
+        need = self.blocks_needed(seq, num_tokens)
+        if need > self.num_free_blocks:
+            raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
+        return need
+
     def _attached(self, seq: Sequence, table: list[int], blocks: int) -> int:
         """``seq`` starts from ``table``, its first ``blocks`` served from the prefix cache;
         returns their tokens."""
@@ -232,13 +245,11 @@ class BlockManager(BlockAccounting):
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow ``seq.block_table`` to cover ``num_tokens`` tokens, or raise ``OutOfBlocks``
         without changing anything."""
-        need = self.blocks_needed(seq, num_tokens)
+        need = self._blocks_to_take(seq, num_tokens)
         if need == 0:
             return
         table = seq.block_table
         free = self._free
-        if need > len(free) + self._num_evictable:
-            raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
         # In bulk (this is hot in the simulator): never-cached blocks first, top of the
         # stack first, then the least recently used evictable ones.
         take = min(need, len(free))

@@ -36,9 +36,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
-from pearl.engine.block_manager import NO_HASH, BlockAccounting, OutOfBlocks, chain_hash
+from pearl.engine.block_manager import NO_HASH, BlockAccounting, block_hashes
 from pearl.engine.sequence import Sequence
-from pearl.token_runs import TokenRuns, block_keys
+from pearl.token_runs import TokenRuns
 
 
 class _Piece:
@@ -144,11 +144,7 @@ def _hash_runs(token_ids, first: int, last: int, block_size: int, prev: int) -> 
     """The identities of full blocks ``first .. last - 1`` as ranges ``(first, count)``."""
     if isinstance(token_ids, TokenRuns):
         return token_ids.block_hash_runs(first, last, block_size, prev, chained=prev != NO_HASH)
-    out: list[tuple[int, int]] = []
-    for key in block_keys(token_ids, first, last, block_size):
-        prev = chain_hash(prev, key)
-        out.append((prev, 1))
-    return out
+    return [(h, 1) for h in block_hashes(token_ids, first, last, block_size, prev)]
 
 
 class RunBlockManager(BlockAccounting):
@@ -277,11 +273,9 @@ class RunBlockManager(BlockAccounting):
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow ``seq``'s table to cover ``num_tokens`` tokens, or raise ``OutOfBlocks``
         without changing anything."""
-        need = self.blocks_needed(seq, num_tokens)
+        need = self._blocks_to_take(seq, num_tokens)
         if need == 0:
             return
-        if need > self._free + self._evictable:
-            raise OutOfBlocks(f"need {need} blocks, {self.num_free_blocks} available")
         table = seq.block_table
         if not isinstance(table, RunTable):
             assert not table
