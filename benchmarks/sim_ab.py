@@ -12,18 +12,22 @@ in the order base, new, new, base, base, new, ... (ABBA: a steady drift of the h
 speed weighs on both sides alike). Reported per run: wall and CPU seconds, peak resident
 MB and the result's digest (``sim_scale.result_digest``); then each side's median and the
 median of the pairs' new/base ratios. Exits with status 1 if the digests differ (a
-speed-up must not change the result).
+speed-up must not change the result). Both sides' processes start as ``pearl plan`` starts
+its runs (``pearl.apps.huge_pages``; ``PEARL_HUGE_PAGES=0``: CPython's allocator).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from pearl.apps.huge_pages import huge_page_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,12 +47,13 @@ print(json.dumps({k: r[k] for k in ("wall_s", "cpu_s", "peak_mb", "digest")}))
 """
 
 
-def one_run(tree: Path, workers: int, model: str) -> dict:
+def one_run(tree: Path, workers: int, model: str, env: dict[str, str]) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", _ONE_RUN, str(tree), str(workers), model],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, **env},
     )
     if proc.returncode != 0:
         raise SystemExit(f"the run on {tree} failed:\n{proc.stderr[-4000:]}")
@@ -85,8 +90,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--base {args.base!r}: git could not check it out: {added.stderr.strip()}")
         try:
             runs: dict[str, list[dict]] = {"base": [], "new": []}
+            env = huge_page_env()  # both sides alike, as `pearl plan` starts its runs
+            print(f"every run's environment: {env or 'unchanged (no huge pages)'}", flush=True)
             for side in order(args.pairs):
-                r = one_run(base if side == "base" else ROOT, args.workers, args.model)
+                r = one_run(base if side == "base" else ROOT, args.workers, args.model, env)
                 runs[side].append(r)
                 print(
                     f"{side:4s}  {r['wall_s']:7.1f} s wall  {r['cpu_s']:7.1f} s CPU  "

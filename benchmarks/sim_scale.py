@@ -9,7 +9,9 @@ Each size is one RL step (rollout of the whole batch, training, weight sync) of 
 ``pearl`` policy in the paper's regime (configs/headline_paper.yaml: the swe_paper workload,
 SGLang-mode engine, H800) on ``W`` dedicated TP2 rollout workers and 16 training GPUs, with
 ``8 W`` trajectories (tasks of 16). Every size runs in a fresh process (``pearl.apps.pool``),
-so its peak memory is its own. Reported per size: wall seconds, simulated engine
+so its peak memory is its own, started as ``pearl plan`` starts its runs (on transparent huge
+pages where the host grants them, ``pearl.apps.huge_pages``; ``PEARL_HUGE_PAGES=0`` for
+CPython's own allocator). Reported per size: wall seconds, simulated engine
 iterations (and how many were fast-forwarded), events per wall second (iterations plus
 turns), generated tokens, peak resident memory, and that peak less the process's memory
 before the run divided by the batch (memory per trajectory in flight); then the growth
@@ -42,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,7 +214,11 @@ def main() -> None:
             flush=True,
         )
 
-    run_in_processes(one_step, jobs, 1, done, lambda key, why: lost.__setitem__(str(key), why))
+    env = huge_page_env()  # as `pearl plan` and `pearl simulate` start their runs
+    print(f"run processes' environment: {env or 'unchanged (no huge pages)'}", flush=True)
+    run_in_processes(
+        one_step, jobs, 1, done, lambda key, why: lost.__setitem__(str(key), why), env=env
+    )
     growth = {}
     for model in args.models:
         mine = sorted((r for r in rows if r["model"] == model), key=lambda r: r["batch"])
@@ -248,6 +255,7 @@ def main() -> None:
         1,
         ran,
         lambda key, why: lost.__setitem__(f"{key[0]} {key[1]} s", why),
+        env=env,
     )
     for policy in args.memory_policies:
         mine = sorted((r for r in memory if r["policy"] == policy), key=lambda r: r["steps"])
@@ -264,6 +272,7 @@ def main() -> None:
         print(f"LOST {key}: {why}")
     out = {
         "machine": platform.platform(),
+        "process_env": env,
         "rows": rows,
         "growth": growth,
         "decision_latency_ms_1024_workers": latency,

@@ -132,6 +132,17 @@ def test_a_jobs_own_error_ends_the_batch_with_that_error(cluster):
     assert "raised by the Ray task running a" in "\n".join(err.value.__notes__)
 
 
+def test_tasks_run_in_workers_started_with_the_extra_environment(cluster):
+    from pearl.apps.ray_pool import connect, run_on_ray
+
+    c, _ = cluster
+    connect(c.address)
+    answers: dict = {}
+    env = {"PEARL_TEST_RAY_ENV": "set"}
+    run_on_ray(os.getenv, [("a", ("PEARL_TEST_RAY_ENV",))], answers.__setitem__, print, env=env)
+    assert answers == {"a": "set"}
+
+
 def test_an_address_where_no_cluster_answers_is_a_clear_error(tmp_path, monkeypatch):
     from pearl.apps.ray_pool import connect
 

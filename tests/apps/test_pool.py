@@ -39,6 +39,16 @@ def test_an_exception_in_a_job_is_raised_here_with_its_traceback_and_ends_the_re
     assert any("process running zero" in note for note in exc.value.__notes__)
 
 
+def test_processes_start_with_the_extra_environment_and_this_ones_is_left_as_it_was():
+    answers: dict = {}
+    before = dict(os.environ)
+    extra = {"PEARL_TEST_POOL_ENV": "set", "HOME": "/elsewhere"}
+    jobs = [("new", ("PEARL_TEST_POOL_ENV",)), ("home", ("HOME",))]
+    run_in_processes(os.getenv, jobs, 2, answers.__setitem__, lambda k, w: None, env=extra)
+    assert answers == {"new": "set", "home": "/elsewhere"}
+    assert dict(os.environ) == before
+
+
 def test_died_reason_names_signals_and_exit_codes():
     assert "SIGTERM" in died_reason(-signal.SIGTERM)
     assert "code 1" in died_reason(1)

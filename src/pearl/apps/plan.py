@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from pearl.apps.experiment import load_segment_or_csv, run_one
+from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
 from pearl.config import PlanConfig, dump_config, load_config
 from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
@@ -339,13 +340,14 @@ class GridRunner:
 
     def _launch(self, todo, finished, died) -> None:
         address = self.cfg.plan.ray_address
+        env = huge_page_env()
         if address is None:
-            run_in_processes(run_one, todo, self.cfg.processes, finished, died)
+            run_in_processes(run_one, todo, self.cfg.processes, finished, died, env=env)
             return
         from pearl.apps.ray_pool import connect, run_on_ray
 
         connect(address)
-        run_on_ray(run_one, todo, finished, died)
+        run_on_ray(run_one, todo, finished, died, env=env)
 
     def rows(self, points: list[Point], seed: int) -> list[dict]:
         """Each configuration priced over its traces' runs for workload ``seed``."""

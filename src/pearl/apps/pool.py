@@ -14,10 +14,11 @@ terminates every process still running.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import traceback
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -56,17 +57,34 @@ def _child(fn: Callable[..., Any], args: tuple, answer: Connection) -> None:
     answer.close()
 
 
+@contextmanager
+def _environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment plus ``extra`` while a process is spawned (it inherits
+    the environment as it starts), the earlier values back after."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def run_in_processes(
     fn: Callable[..., Any],
     jobs: Sequence[tuple[Hashable, tuple]],
     processes: int,
     on_result: Callable[[Hashable, Any], None],
     on_died: Callable[[Hashable, str], None],
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """``fn(*args)`` for every ``(key, args)`` of ``jobs``, in order, at most ``processes``
-    at once, each in a fresh spawned process (``fn`` must be importable by name).
-    ``on_result(key, value)`` gets each answer as it arrives; ``on_died(key, reason)`` each
-    job whose process ended without one."""
+    at once, each in a fresh spawned process (``fn`` must be importable by name) whose
+    environment is this one's plus ``env``. ``on_result(key, value)`` gets each answer as it
+    arrives; ``on_died(key, reason)`` each job whose process ended without one."""
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
     ctx = multiprocessing.get_context("spawn")
@@ -78,7 +96,8 @@ def run_in_processes(
                 key, args = pending.popleft()
                 receive, send = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=_child, args=(fn, args, send), daemon=True)
-                process.start()
+                with _environment(env or {}):
+                    process.start()
                 send.close()  # the child holds the only writer: EOF here if it dies
                 running.append(_Running(key, process, receive))
             wait([r.answer for r in running] + [r.process.sentinel for r in running])

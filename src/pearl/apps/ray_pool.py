@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from pearl.errors import ConfigError
@@ -71,13 +71,18 @@ def run_on_ray(
     jobs: Sequence[tuple[Hashable, tuple]],
     on_result: Callable[[Hashable, Any], None],
     on_died: Callable[[Hashable, str], None],
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """``fn(*args)`` for every ``(key, args)`` of ``jobs`` as Ray tasks on the cluster this
-    process has joined (``connect``), submitted in order; ``on_result(key, value)`` as each
-    answer arrives, ``on_died(key, reason)`` for each whose worker or node died."""
+    process has joined (``connect``), submitted in order, in worker processes started with
+    ``env`` added to their environment (Ray's ``runtime_env``); ``on_result(key, value)`` as
+    each answer arrives, ``on_died(key, reason)`` for each whose worker or node died."""
     import ray
 
-    task = ray.remote(num_cpus=1, max_retries=0)(fn)
+    options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0}
+    if env:
+        options["runtime_env"] = {"env_vars": dict(env)}
+    task = ray.remote(**options)(fn)
     pending = {task.remote(*args): key for key, args in jobs}
     try:
         while pending:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pearl.apps.experiment import run_summary
+from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes
 from pearl.config import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
@@ -87,7 +88,12 @@ def run_ladder(
         )
 
     run_in_processes(
-        run_rung, jobs, processes, finished, lambda key, why: lost.__setitem__(key, why)
+        run_rung,
+        jobs,
+        processes,
+        finished,
+        lambda key, why: lost.__setitem__(key, why),
+        env=huge_page_env(),
     )
     if lost:
         which = "; ".join(f"{rung} on {gpus} GPUs: {why}" for (rung, gpus), why in lost.items())
