@@ -16,9 +16,9 @@ starts, so they apply to the processes PEARL starts for simulations (the local p
 Ray's), not to the process that starts them. ``malloc`` alone, without huge pages, is slower
 than CPython's allocator (1.08x the time at 256 workers): the two go together or not at all.
 
-Left out where they cannot help (not Linux with glibc >= 2.35, or transparent huge pages
-off), when the user chose an allocator (``PYTHONMALLOC`` set), and when
-``PEARL_HUGE_PAGES=0``.
+Left out where they cannot help (not Linux with glibc >= 2.35; transparent huge pages off,
+or on for every mapping, where CPython's arenas get them without asking), when the user
+chose an allocator (``PYTHONMALLOC`` set), and when ``PEARL_HUGE_PAGES=0``.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def _glibc_version() -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-def _thp_available(setting: Path = THP_SETTING) -> bool:
-    """Transparent huge pages granted on request: ``[always]`` or ``[madvise]``."""
+def _thp_on_request(setting: Path = THP_SETTING) -> bool:
+    """Transparent huge pages granted only where a program asks (``[madvise]``): with
+    ``[always]`` CPython's arenas get them already, with ``[never]`` nothing does."""
     try:
-        text = setting.read_text()
+        return "[madvise]" in setting.read_text()
     except OSError:
         return False
-    return "[always]" in text or "[madvise]" in text
 
 
 def huge_page_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -61,7 +61,7 @@ def huge_page_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     if env.get("PEARL_HUGE_PAGES", "1") == "0" or "PYTHONMALLOC" in env:
         return {}
     glibc = _glibc_version()
-    if sys.platform != "linux" or glibc is None or glibc < (2, 35) or not _thp_available():
+    if sys.platform != "linux" or glibc is None or glibc < (2, 35) or not _thp_on_request():
         return {}
     tunables = env.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" not in tunables:
