@@ -3,10 +3,11 @@
 A simulated run is pointer-chasing over a heap of 10^5-10^7 small objects (each worker's
 scheduler, block tables, sequences; each trajectory's context), and every event lands on a
 worker whose objects left the caches hundreds of events ago. With 4 KiB pages a large
-fleet's heap spans far more pages than the TLB maps, so most first touches also miss the
+fleet's heap spans far more pages than the TLB maps, so a first touch often misses the
 TLB: the scale penalty of the 512-worker step (0.72 ms a turn against 0.51 at 64 workers,
 benchmarks/README "Issue 36"). On 2 MiB transparent huge pages the same run took 0.81x the
-time at 256 workers and 0.79x at 512 (the same results; benchmarks/README, "eighth stop").
+time at 256 workers and 0.79-0.81x at 512, with the same results (benchmarks/README,
+"eighth stop").
 
 CPython's own small-object allocator maps its arenas itself (1 MiB ``mmap``s, which no
 setting puts on huge pages when the kernel grants them only on request, ``madvise`` mode,
