@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.pairs < 1 or args.workers < 1:
         parser.error("--pairs and --workers must be >= 1")
 
+    env = huge_page_env()  # both sides alike, as `pearl plan` starts its runs
     with tempfile.TemporaryDirectory(prefix="pearl-sim-ab-") as tmp:
         base = Path(tmp) / "base"
         git = ["git", "-C", str(ROOT), "worktree"]
@@ -90,8 +91,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--base {args.base!r}: git could not check it out: {added.stderr.strip()}")
         try:
             runs: dict[str, list[dict]] = {"base": [], "new": []}
-            env = huge_page_env()  # both sides alike, as `pearl plan` starts its runs
-            print(f"every run's environment: {env or 'unchanged (no huge pages)'}", flush=True)
             for side in order(args.pairs):
                 r = one_run(base if side == "base" else ROOT, args.workers, args.model, env)
                 runs[side].append(r)
@@ -111,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         + ", ".join(f"{x:.3f}" for x in ratios)
         + f" (median {statistics.median(ratios):.3f})"
     )
+    print(f"every run's environment: {env or 'unchanged (no huge pages)'}")
     digests = {r["digest"] for rs in runs.values() for r in rs}
     if len(digests) != 1:
         print(f"DIGESTS DIFFER: {sorted(digests)}")
