@@ -12,6 +12,7 @@ that are still cached stay in an LRU queue and are evicted only when free blocks
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence as Seq
 from typing import Protocol
@@ -83,9 +84,9 @@ class KVBlocks(Protocol):
     def reset_prefix_cache(self) -> None: ...
 
 
-class BlockAccounting:
+class BlockAccounting(ABC):
     """What every block manager does to a sequence's own fields (``BlockManager`` and the
-    simulator's ``RunBlockManager``)."""
+    simulator's ``RunBlockManager``); each keeps its own free count."""
 
     block_size: int
     cache_hits: int  # tokens served from the prefix cache
@@ -97,9 +98,9 @@ class BlockAccounting:
         return max(0, need - len(seq.block_table))
 
     @property
+    @abstractmethod
     def num_free_blocks(self) -> int:
         """Blocks that an allocation can take now (free plus evictable)."""
-        raise NotImplementedError
 
     def _blocks_to_take(self, seq: Sequence, num_tokens: int) -> int:
         """The blocks ``allocate`` must add for ``num_tokens`` tokens (0: none); raises
