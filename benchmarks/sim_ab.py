@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pearl.apps.huge_pages import huge_page_env
+from pearl.apps.process_env import simulation_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.pairs < 1 or args.workers < 1:
         parser.error("--pairs and --workers must be >= 1")
 
-    env = huge_page_env()  # both sides alike, as `pearl plan` starts its runs
+    env = simulation_env()  # both sides alike, as `pearl plan` starts its runs
     with tempfile.TemporaryDirectory(prefix="pearl-sim-ab-") as tmp:
         base = Path(tmp) / "base"
         git = ["git", "-C", str(ROOT), "worktree"]

@@ -44,8 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes
+from pearl.apps.process_env import simulation_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "headline_paper.yaml"
@@ -214,7 +214,7 @@ def main() -> None:
             flush=True,
         )
 
-    env = huge_page_env()  # as `pearl plan` and `pearl simulate` start their runs
+    env = simulation_env()  # as `pearl plan` and `pearl simulate` start their runs
     print(f"run processes' environment: {env or 'unchanged (no huge pages)'}", flush=True)
     run_in_processes(
         one_step, jobs, 1, done, lambda key, why: lost.__setitem__(str(key), why), env=env

@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pearl"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "token_runs": set(),  # token sequences as runs over id walks (the simulator's contexts)
+    "native": set(),  # builds and loads the engine's compiled modules (imported by pearl/__init__)
     "models": {"errors"},
     "engine": {"models", "errors", "token_runs"},
     "workloads": {"errors", "token_runs"},
@@ -39,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"control", "errors"},
     "apps": {
         "agents",
+        "native",
         "config",
         "control",
         "engine",

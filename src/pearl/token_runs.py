@@ -29,6 +29,7 @@ import functools
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +116,10 @@ class TokenRuns:
         pool = pool_index(vocab_size, first_id)
         out._push(pool, start % len(_POOLS[pool]), n)
         return out
+
+    def __reduce__(self) -> tuple[object, tuple[int, list[tuple[int, int, int]], list[int]]]:
+        # Explicit, so a compiled build (pearl.native) pickles the same as Python does.
+        return _restore, (self._sampler, self._runs, self._ends)
 
     def copy(self) -> TokenRuns:
         out = TokenRuns(self._sampler)
@@ -458,7 +463,14 @@ class TokenRuns:
         return out
 
 
-def list_common_prefix(a: list, b: list, n: int) -> int:
+def _restore(sampler: int, runs: list[tuple[int, int, int]], ends: list[int]) -> TokenRuns:
+    out = TokenRuns(sampler)
+    out._runs = runs
+    out._ends = ends
+    return out
+
+
+def list_common_prefix(a: Any, b: Any, n: int) -> int:
     """Length of the longest common prefix of lists ``a`` and ``b`` within their first ``n``
     items: whole slices compared at C speed (one pass for equal prefixes, unless their last
     items already differ), bisecting on the first difference, not a Python loop per item."""

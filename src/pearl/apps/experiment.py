@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
+from pearl.apps.process_env import simulation_env
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
@@ -156,7 +156,7 @@ def _run_jobs(
         cfg.processes,
         on_result=lambda key, result: finished(result),
         on_died=died,  # type: ignore[arg-type]
-        env=huge_page_env(),
+        env=simulation_env(),
     )
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import yaml
 
 from pearl.apps.experiment import load_segment_or_csv, run_one
-from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
+from pearl.apps.process_env import simulation_env
 from pearl.config import PlanConfig, dump_config, load_config
 from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
@@ -340,7 +340,7 @@ class GridRunner:
 
     def _launch(self, todo, finished, died) -> None:
         address = self.cfg.plan.ray_address
-        env = huge_page_env()
+        env = simulation_env()
         if address is None:
             run_in_processes(run_one, todo, self.cfg.processes, finished, died, env=env)
             return

@@ -44,7 +44,7 @@ class EngineConfig:
             role=role,
             local_prefill_max_tokens=self.local_prefill_max_tokens,
             eos_token_ids=eos_token_ids,
-            mode=self.scheduling,  # type: ignore[arg-type]  # validated by SchedulerConfig
+            mode=SchedulingMode(self.scheduling),
             chunked_prefill_size=self.chunked_prefill_size,
             max_prefill_tokens=self.max_prefill_tokens,
         )

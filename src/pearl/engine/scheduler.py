@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from pearl.engine.block_manager import KVBlocks, OutOfBlocks
 from pearl.engine.kv_transfer import token_digest
@@ -57,7 +58,7 @@ class SchedulingMode(StrEnum):
     of the worker for its duration); otherwise all running sequences decode. No mixing."""
 
 
-@dataclass(slots=True)
+@dataclass
 class SchedulerConfig:
     """Batching limits, the iteration composition and the worker's role."""
 
@@ -94,7 +95,7 @@ class SchedulerConfig:
             ) from None
 
 
-@dataclass(slots=True)
+@dataclass
 class PrefillChunk:
     """Compute the KV of ``seq.token_ids[start:end]``; sample a token if ``end`` is the last."""
 
@@ -111,7 +112,7 @@ class PrefillChunk:
         return self.end == self.seq.num_tokens
 
 
-@dataclass(slots=True)
+@dataclass
 class SchedulerOutput:
     """One iteration's work: prefill chunks (flattened first), then one token per decode."""
 
@@ -188,9 +189,12 @@ class Scheduler:
         if pinned is None:
             return 0
         held = pinned.num_computed_tokens
-        if not isinstance(token_ids, (list, TokenRuns)):
-            token_ids = list(token_ids)
-        common = _common_prefix_length(pinned.token_ids, token_ids, held)
+        # A list or TokenRuns as is. Typed Any: compiled (pearl.native), mypyc checked the
+        # narrowed ``list | TokenRuns`` of an ``isinstance(x, (list, TokenRuns))`` as a list.
+        ids: Any = token_ids
+        if not isinstance(ids, TokenRuns) and not isinstance(ids, list):
+            ids = list(ids)
+        common = _common_prefix_length(pinned.token_ids, ids, held)
         if common == held:
             return held
         bs = self.blocks.block_size
@@ -203,7 +207,7 @@ class Scheduler:
         pinned.num_computed_tokens = keep
         return keep
 
-    def session_tokens(self, session_id: str) -> list[int]:
+    def session_tokens(self, session_id: str) -> Any:
         seq = self.sessions.get(session_id)
         return seq.token_ids[: seq.num_computed_tokens] if seq is not None else []
 
@@ -612,7 +616,7 @@ class Scheduler:
             return pinned, overlap
         if pinned is None:
             # Its token ids of the chunk's kind (a list, or the simulator's TokenRuns).
-            empty: list[int] = token_ids[:0] if isinstance(token_ids, TokenRuns) else []  # type: ignore[assignment]
+            empty: Any = token_ids[:0] if isinstance(token_ids, TokenRuns) else []
             pinned = Sequence(
                 Request(f"kv-import:{session_id}", empty, session_id=session_id), 0, now
             )
@@ -648,7 +652,7 @@ class Scheduler:
         """How many leading tokens of a chunk starting at ``start`` the session holds
         already; raises ``KVPrefixMismatch`` unless the chunk continues what it holds."""
         held = pinned.num_computed_tokens if pinned is not None else 0
-        held_tokens = pinned.token_ids if pinned is not None else []  # first `held` computed
+        held_tokens: Any = pinned.token_ids if pinned is not None else []  # first `held` computed
         if start > held:
             raise KVPrefixMismatch(
                 f"session {session_id!r}: engine holds {held} tokens but the chunk starts at {start}; "
@@ -657,9 +661,11 @@ class Scheduler:
         if isinstance(prefix, str):
             prefix_matches = token_digest(held_tokens[:start]) == prefix
         else:
-            prefix = prefix if isinstance(prefix, (list, TokenRuns)) else list(prefix)
+            ids: Any = prefix  # a list or TokenRuns compares as is
+            if not isinstance(ids, TokenRuns) and not isinstance(ids, list):
+                ids = list(ids)
             held_head = held_tokens if len(held_tokens) == start else held_tokens[:start]
-            prefix_matches = len(prefix) == start and held_head == prefix
+            prefix_matches = len(ids) == start and held_head == ids
         if not prefix_matches:
             raise KVPrefixMismatch(
                 f"session {session_id!r}: the chunk's prefix tokens [0, {start}) differ from the tokens held here"

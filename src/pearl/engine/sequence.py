@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from pearl.errors import RequestError
 from pearl.token_runs import TokenRuns
@@ -35,7 +36,7 @@ class FinishReason(enum.StrEnum):
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` is greedy; ``top_k == 0`` disables top-k.
 
@@ -83,7 +84,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-@dataclass(slots=True)
+@dataclass
 class Telemetry:
     """Per-request timings (engine clock, seconds) and work accounting."""
 
@@ -97,7 +98,7 @@ class Telemetry:
     preemptions: int = 0
 
 
-@dataclass(slots=True)
+@dataclass
 class Request:
     """One generation request: a full token history and how to continue it.
 
@@ -106,20 +107,20 @@ class Request:
     """
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: Any
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session_id: str | None = None
     pin_session: bool = False
 
 
-@dataclass(slots=True)
+@dataclass
 class RequestOutput:
     """What a finished (or aborted, or prefilled) request returns."""
 
     request_id: str
     session_id: str | None
     prompt_len: int
-    token_ids: list[int]
+    token_ids: Any
     logprobs: list[float]
     finish_reason: FinishReason
     weight_version: int
@@ -161,7 +162,7 @@ class Sequence:
         self.sampling = request.sampling
         ids = request.prompt_token_ids
         # A copy: the engine appends to it. The simulator's contexts stay runs (TokenRuns).
-        self.token_ids: list[int] = ids.copy() if isinstance(ids, TokenRuns) else list(ids)  # type: ignore[assignment]
+        self.token_ids: Any = ids.copy() if isinstance(ids, TokenRuns) else list(ids)  # type: ignore[assignment]
         self.num_prompt_tokens = len(self.token_ids)
         self.output_logprobs: list[float] = []
         self.num_computed_tokens = 0  # tokens whose KV is in this engine's cache
@@ -197,7 +198,7 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
-    def output_token_ids(self) -> list[int]:
+    def output_token_ids(self) -> Any:
         return self.token_ids[self.num_prompt_tokens :]
 
     def to_output(self, reason: FinishReason) -> RequestOutput:

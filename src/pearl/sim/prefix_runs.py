@@ -36,6 +36,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
+from mypy_extensions import mypyc_attr
+
 from pearl.engine.block_manager import NO_HASH, BlockAccounting, block_hashes
 from pearl.engine.sequence import Sequence
 from pearl.token_runs import TokenRuns
@@ -124,6 +126,7 @@ class _Index:
         return out
 
 
+@mypyc_attr(native_class=False)
 class RunTable(list):
     """A sequence's block table: one placeholder per block (its length is the scheduler's),
     and ``runs``, the identity ranges of its first ``hashed`` blocks as ``[first identity,

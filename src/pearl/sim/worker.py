@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
 from pearl.engine.config import EngineConfig
@@ -47,7 +48,8 @@ class IterationCost(Protocol):
     def decode_times(self, batch_size: int, total_context: int, steps: int) -> list[float]: ...
 
 
-@dataclass(slots=True, frozen=True)
+@mypyc_attr(native_class=False)
+@dataclass(frozen=True)
 class SimEngineConfig(EngineConfig):
     """The engine's configuration (``EngineConfig``: capacity, batching, scheduling mode)
     plus what only a simulated worker has. Capacity defaults are a GPU worker's, not the
@@ -102,7 +104,7 @@ class TimeUse(StrEnum):
     KV_TRANSFER = "kv_transfer"  # nothing to run while KV is on its way in
 
 
-@dataclass(slots=True)
+@dataclass
 class WorkerCounters:
     iterations: int = 0
     fast_forwards: int = 0
@@ -143,6 +145,7 @@ def walk_origin(session_id: str) -> int:
     return zlib.crc32(session_id.encode())
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests and the invariant checker extend it
 class SimulatedWorker:
     """A rollout worker in virtual time, implementing ``pearl.control.interfaces.RolloutWorker``."""
 
@@ -222,7 +225,7 @@ class SimulatedWorker:
             raise EngineStateError(f"worker {self.worker_id} is stopped")
         return self.scheduler.session_length(session_id)
 
-    async def match_session(self, session_id: str, token_ids: list[int]) -> int:
+    async def match_session(self, session_id: str, token_ids: Sequence[int]) -> int:
         if self.config.rpc_overhead_s:
             await asyncio.sleep(self.config.rpc_overhead_s)
         await self._next_boundary()
@@ -253,7 +256,7 @@ class SimulatedWorker:
     async def import_kv(
         self,
         session_id: str,
-        token_ids: list[int],
+        token_ids: Sequence[int],
         start: int,
         end: int,
         cacheable: bool = True,
@@ -322,7 +325,7 @@ class SimulatedWorker:
         stopped = EngineStateError(f"worker {self.worker_id} is stopped")
         inbox, self._inbox = self._inbox, []
         for run in inbox:
-            run.fail(stopped)
+            run.fail(stopped)  # type: ignore[attr-defined]
         for fut in self._futures.values():
             if not fut.done():
                 fut.set_exception(stopped)
@@ -416,7 +419,7 @@ class SimulatedWorker:
         self._wakeup = loop.create_future()
         handle = None
         if deadline is not None:
-            handle = loop.call_at(deadline, lambda f=self._wakeup: f.done() or f.set_result(False))
+            handle = loop.call_at(deadline, _wake_late, self._wakeup)
         try:
             return await self._wakeup
         finally:
@@ -627,6 +630,11 @@ class SimulatedWorker:
             seq.output_logprobs.extend(zeros)
             if seq.num_computed_tokens // bs > seq.num_hashed_blocks:  # a block filled
                 blocks.commit(seq)
+
+
+def _wake_late(f: asyncio.Future[bool]) -> None:
+    if not f.done():
+        f.set_result(False)
 
 
 def _engine_role(role: WorkerRole) -> Role:

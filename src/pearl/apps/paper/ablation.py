@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pearl.apps.experiment import run_summary
-from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.pool import run_in_processes
+from pearl.apps.process_env import simulation_env
 from pearl.config import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
 from pearl.errors import RunsLost
@@ -93,7 +93,7 @@ def run_ladder(
         processes,
         finished,
         lambda key, why: lost.__setitem__(key, why),
-        env=huge_page_env(),
+        env=simulation_env(),
     )
     if lost:
         which = "; ".join(f"{rung} on {gpus} GPUs: {why}" for (rung, gpus), why in lost.items())

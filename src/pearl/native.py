@@ -1,0 +1,223 @@
+"""The simulated engine's hot modules compiled with mypyc, for the processes that simulate.
+
+A simulated run spends most of its time in a few pure-Python modules: the engine's
+scheduler, sequences and block accounting, the simulator's block manager by runs, its token
+runs and its worker loop (``MODULES``). mypyc (mypy's compiler, https://mypyc.readthedocs.io)
+turns typed modules into C extensions with the same behaviour: their classes become C
+structs, their calls C calls. The results are the same to the bit (the golden digests,
+``tests/test_native.py``); the time is not (benchmarks/README, "ninth stop").
+
+Nothing here changes the package's files. ``build()`` compiles a copy of the package's
+sources into ``$PEARL_CACHE/native/<key>`` (default ``~/.cache/pearl/native``), where the key
+hashes the modules' sources and the interpreter: an edited module, another Python or another
+machine type gets a build of its own, and an out-of-date build is never loaded. A process
+uses a build only when started with ``PEARL_NATIVE=1`` and a build for its sources exists:
+``pearl.apps.process_env.simulation_env`` sets it for the processes PEARL starts for
+simulations (``pearl simulate``'s and ``pearl plan``'s pool, Ray tasks, the benchmarks).
+Everything else, the live engine included, runs the Python modules. ``PEARL_NATIVE=0``
+keeps simulations on them too. Building needs mypy (the ``dev`` extra) and a C compiler;
+``scripts/env.sh`` builds when both are there, ``python -m pearl.native`` on demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV = "PEARL_NATIVE"
+MODULES = (
+    "pearl.token_runs",
+    "pearl.engine.sequence",
+    "pearl.engine.block_manager",
+    "pearl.engine.scheduler",
+    "pearl.sim.prefix_runs",
+    "pearl.sim.worker",
+)
+PACKAGE = Path(__file__).resolve().parent  # the pearl package's sources
+MANIFEST = "manifest.json"
+KEEP_BUILDS = 4  # the newest builds kept in the cache (~3 MB each)
+
+
+class NativeBuildError(RuntimeError):
+    """The compiled modules could not be built (what was missing, or the compiler's output)."""
+
+
+def cache_root(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("PEARL_CACHE") or str(Path.home() / ".cache" / "pearl")
+    return Path(base) / "native"
+
+
+def _source(module: str, package: Path = PACKAGE) -> Path:
+    return package.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def build_key(package: Path = PACKAGE) -> str:
+    """The build's name: a hash of the modules' sources and of the interpreter's ABI."""
+    h = hashlib.sha256()
+    h.update(f"{sys.version}|{sys.implementation.cache_tag}|{platform.machine()}".encode())
+    h.update(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
+    for module in MODULES:
+        h.update(module.encode() + b"\0" + _source(module, package).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def build_dir(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> Path:
+    return cache_root(environ) / build_key(package)
+
+
+def built(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a build of the current sources exists."""
+    return (build_dir(environ) / MANIFEST).is_file()
+
+
+def _missing_tools() -> str | None:
+    """What building needs and this environment lacks (None: nothing)."""
+    if importlib.util.find_spec("mypyc") is None:
+        return "mypyc is not installed (it comes with mypy: pip install 'pearl-rollout[dev]')"
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler!r} is not on PATH)"
+    include = sysconfig.get_paths()["include"]
+    if not Path(include, "Python.h").is_file():
+        return f"Python's C headers are missing ({include}/Python.h)"
+    return None
+
+
+def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> Path:
+    """Compile ``MODULES`` into their cache folder (once per key); return the folder.
+    Raises ``NativeBuildError`` saying what is missing or how the compiler failed."""
+    dest = build_dir(environ, package)
+    if (dest / MANIFEST).is_file():
+        return dest
+    missing = _missing_tools()
+    if missing:
+        raise NativeBuildError(f"cannot build pearl's compiled modules: {missing}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pearl-native-") as tmp:
+        # A copy of the package: mypyc type-checks the modules with what they import and
+        # writes its extensions next to the sources it compiled.
+        shutil.copytree(package, Path(tmp, "pearl"), ignore=_not_sources)
+        files = [str(_source(m, Path("pearl"))) for m in MODULES]
+        run = subprocess.run(
+            [sys.executable, "-m", "mypyc", *files],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MYPY_CACHE_DIR": str(Path(tmp, ".mypy_cache"))},
+        )
+        if run.returncode != 0:
+            tail = "\n".join((run.stdout + run.stderr).splitlines()[-30:])
+            raise NativeBuildError(f"mypyc failed (exit {run.returncode}):\n{tail}")
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.", dir=dest.parent))
+        files_by_name = {}
+        for so in Path(tmp).rglob(f"*{suffix}"):
+            rel = so.relative_to(tmp)
+            if rel.parts[0] == "build":
+                continue  # mypyc's intermediate copies
+            name = ".".join((*rel.parts[:-1], rel.name[: -len(suffix)]))
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, staging / rel)
+            files_by_name[name] = str(rel)
+        absent = [m for m in MODULES if m not in files_by_name]
+        if absent:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise NativeBuildError(f"mypyc produced no extension for {', '.join(absent)}")
+        (staging / MANIFEST).write_text(json.dumps({"modules": files_by_name}, indent=1))
+        try:
+            staging.rename(dest)
+        except OSError:  # another process built it first
+            shutil.rmtree(staging, ignore_errors=True)
+    _prune(dest.parent, keep=KEEP_BUILDS)
+    return dest
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Remove all but the ``keep`` newest builds (one per source version built)."""
+    builds = sorted(
+        (p for p in root.iterdir() if (p / MANIFEST).is_file()),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in builds[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _not_sources(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n == "__pycache__" or n.endswith((".so", ".pyd"))]
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the compiled modules (and the shared library they load) in a build folder."""
+
+    def __init__(self, folder: Path, files: Mapping[str, str]) -> None:
+        self.files = {name: folder / rel for name, rel in files.items()}
+
+    def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(file))
+        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+
+
+def native_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{PEARL_NATIVE: "1"}`` for a process that should simulate on the compiled modules:
+    when a build of the current sources exists and the user did not set ``PEARL_NATIVE=0``."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV) == "0" or not built(env):
+        return {}
+    return {ENV: "1"}
+
+
+def activate() -> bool:
+    """With ``PEARL_NATIVE=1``, load ``MODULES`` from the build of the current sources
+    (called by ``import pearl``, before any of them is imported). True if it will."""
+    if os.environ.get(ENV) != "1" or any(isinstance(f, _Finder) for f in sys.meta_path):
+        return False
+    folder = build_dir()
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["modules"]
+    except (OSError, ValueError, KeyError):
+        log.warning("%s=1 but no build of these sources in %s: running Python", ENV, folder)
+        return False
+    sys.meta_path.insert(0, _Finder(folder, files))
+    return True
+
+
+def compiled(module: str) -> bool:
+    """Whether the imported ``module`` is an extension (a compiled build), not source."""
+    file = getattr(sys.modules.get(module), "__file__", None) or ""
+    return file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pearl.native [--if-possible]``: build for the current sources; print where."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        folder = build()
+    except NativeBuildError as exc:
+        print(f"[pearl] compiled engine not built: {exc}", file=sys.stderr)
+        return 0 if "--if-possible" in args else 1
+    print(f"[pearl] compiled engine: {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The compiled engine (pearl.native): built per source version, loaded only where asked,
+and the same results as the Python modules (the golden digests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pearl import native
+from pearl.apps.huge_pages import huge_page_env
+from pearl.apps.process_env import simulation_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _copy_sources(dest: Path) -> Path:
+    for module in native.MODULES:
+        src = native._source(module)
+        target = native._source(module, dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, target)
+    return dest
+
+
+def test_the_build_key_follows_the_sources(tmp_path):
+    copy = _copy_sources(tmp_path / "pearl")
+    assert native.build_key(copy) == native.build_key()
+    worker = native._source("pearl.sim.worker", copy)
+    worker.write_text(worker.read_text() + "\n# an edit\n")
+    assert native.build_key(copy) != native.build_key()
+
+
+def test_a_simulation_process_gets_the_compiled_engine_only_where_a_build_exists(tmp_path):
+    env = {"PEARL_CACHE": str(tmp_path)}
+    assert native.native_env(env) == {}  # nothing built for these sources
+    folder = native.build_dir(env)
+    folder.mkdir(parents=True)
+    (folder / native.MANIFEST).write_text('{"modules": {}}')
+    assert native.native_env(env) == {"PEARL_NATIVE": "1"}
+    assert native.native_env({**env, "PEARL_NATIVE": "0"}) == {}  # the user's opt-out
+    assert simulation_env(env) == {**huge_page_env(env), "PEARL_NATIVE": "1"}
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+CHECK = (
+    "import pearl.sim.worker, pearl.sim.prefix_runs; from pearl import native; "
+    "print(sorted(native.compiled(m) for m in native.MODULES))"
+)
+
+
+def test_without_a_build_a_process_asking_for_it_runs_python_and_says_so(tmp_path):
+    run = _python(CHECK, PEARL_NATIVE="1", PEARL_CACHE=str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str([False] * len(native.MODULES))
+    assert "no build of these sources" in run.stderr
+
+
+def test_a_module_mypyc_rejects_fails_the_build_with_its_message(tmp_path):
+    if native._missing_tools():
+        pytest.skip(native._missing_tools())
+    package = tmp_path / "pearl"
+    shutil.copytree(native.PACKAGE, package, ignore=native._not_sources)
+    runs = native._source("pearl.token_runs", package)
+    runs.write_text(runs.read_text() + "\n\ndef broken() -> int:\n    return 'not an int'\n")
+    with pytest.raises(native.NativeBuildError, match="Incompatible return value type"):
+        native.build({"PEARL_CACHE": str(tmp_path / "cache")}, package)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
+
+
+def test_the_compiled_modules_give_the_golden_digests():
+    """Built here (once per source version; scripts/env.sh builds it ahead), loaded by a
+    process started with PEARL_NATIVE=1, and the golden runs' records are bit for bit the
+    Python modules' (tests/apps/test_golden.py)."""
+    if native._missing_tools():
+        pytest.skip(native._missing_tools())
+    native.build()
+    run = _python(CHECK, PEARL_NATIVE="1")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str([True] * len(native.MODULES))
+    golden = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "apps" / "test_golden.py"),
+            "-k",
+            "recorded_numbers",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PEARL_NATIVE": "1"},
+        cwd=ROOT,
+        timeout=900,
+    )
+    assert golden.returncode == 0, golden.stdout[-3000:]
+    assert "2 passed" in golden.stdout, golden.stdout[-3000:]
