@@ -33,6 +33,11 @@ from typing import Any
 
 import numpy as np
 
+# Token ids as the engine and the turns pass them: a list, or ``TokenRuns`` standing in for
+# one (the simulator's contexts). ``Any`` to the type checker: compiled (``pearl.native``), a
+# declared ``list[int]`` is checked at run time and would reject runs.
+TokenIds = Any
+
 LITERAL = -1  # a run of one token not read from a pool: (LITERAL, token id, 1)
 SAMPLER_FIRST_ID = 1  # the simulator samples ids from id_pool(vocab_size, 1)
 

@@ -8,6 +8,8 @@ runs alone whenever one can be formed, else all running sequences decode.
 ``postprocess`` applies the sampled tokens and finishes sequences. When KV blocks run out, pinned sessions are unpinned (least recently
 used first) and then the most recently admitted sequences are preempted: their KV
 is dropped and they are recomputed later, so no request is ever lost.
+
+Compiled for simulations (``pearl.native``): its dataclasses take no ``slots=True``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from pearl.engine.block_manager import KVBlocks, OutOfBlocks
 from pearl.engine.kv_transfer import token_digest
@@ -36,7 +37,7 @@ from pearl.errors import (
     KVTransferError,
     RequestError,
 )
-from pearl.token_runs import TokenRuns, list_common_prefix
+from pearl.token_runs import TokenIds, TokenRuns, list_common_prefix
 
 
 class InFlight(StrEnum):
@@ -189,9 +190,9 @@ class Scheduler:
         if pinned is None:
             return 0
         held = pinned.num_computed_tokens
-        # A list or TokenRuns as is. Typed Any: compiled (pearl.native), mypyc checked the
+        # A list or TokenRuns as is. Typed TokenIds (Any): compiled (pearl.native), mypyc checked the
         # narrowed ``list | TokenRuns`` of an ``isinstance(x, (list, TokenRuns))`` as a list.
-        ids: Any = token_ids
+        ids: TokenIds = token_ids
         if not isinstance(ids, TokenRuns) and not isinstance(ids, list):
             ids = list(ids)
         common = _common_prefix_length(pinned.token_ids, ids, held)
@@ -207,7 +208,7 @@ class Scheduler:
         pinned.num_computed_tokens = keep
         return keep
 
-    def session_tokens(self, session_id: str) -> Any:
+    def session_tokens(self, session_id: str) -> TokenIds:
         seq = self.sessions.get(session_id)
         return seq.token_ids[: seq.num_computed_tokens] if seq is not None else []
 
@@ -616,7 +617,7 @@ class Scheduler:
             return pinned, overlap
         if pinned is None:
             # Its token ids of the chunk's kind (a list, or the simulator's TokenRuns).
-            empty: Any = token_ids[:0] if isinstance(token_ids, TokenRuns) else []
+            empty: TokenIds = token_ids[:0] if isinstance(token_ids, TokenRuns) else []
             pinned = Sequence(
                 Request(f"kv-import:{session_id}", empty, session_id=session_id), 0, now
             )
@@ -652,7 +653,9 @@ class Scheduler:
         """How many leading tokens of a chunk starting at ``start`` the session holds
         already; raises ``KVPrefixMismatch`` unless the chunk continues what it holds."""
         held = pinned.num_computed_tokens if pinned is not None else 0
-        held_tokens: Any = pinned.token_ids if pinned is not None else []  # first `held` computed
+        held_tokens: TokenIds = (
+            pinned.token_ids if pinned is not None else []
+        )  # first `held` computed
         if start > held:
             raise KVPrefixMismatch(
                 f"session {session_id!r}: engine holds {held} tokens but the chunk starts at {start}; "
@@ -661,7 +664,7 @@ class Scheduler:
         if isinstance(prefix, str):
             prefix_matches = token_digest(held_tokens[:start]) == prefix
         else:
-            ids: Any = prefix  # a list or TokenRuns compares as is
+            ids: TokenIds = prefix  # a list or TokenRuns compares as is
             if not isinstance(ids, TokenRuns) and not isinstance(ids, list):
                 ids = list(ids)
             held_head = held_tokens if len(held_tokens) == start else held_tokens[:start]

@@ -1,14 +1,16 @@
-"""Requests, sequences and their outputs (pure Python: shared by the engine and the simulator)."""
+"""Requests, sequences and their outputs (pure Python: shared by the engine and the simulator).
+
+Compiled for simulations (``pearl.native``): its dataclasses take no ``slots=True`` (mypyc
+lays compiled classes out itself and rejects ``__slots__``)."""
 
 from __future__ import annotations
 
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from pearl.errors import RequestError
-from pearl.token_runs import TokenRuns
+from pearl.token_runs import TokenIds, TokenRuns
 
 
 class Role(enum.StrEnum):
@@ -107,7 +109,7 @@ class Request:
     """
 
     request_id: str
-    prompt_token_ids: Any
+    prompt_token_ids: TokenIds
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session_id: str | None = None
     pin_session: bool = False
@@ -120,7 +122,7 @@ class RequestOutput:
     request_id: str
     session_id: str | None
     prompt_len: int
-    token_ids: Any
+    token_ids: TokenIds
     logprobs: list[float]
     finish_reason: FinishReason
     weight_version: int
@@ -162,7 +164,7 @@ class Sequence:
         self.sampling = request.sampling
         ids = request.prompt_token_ids
         # A copy: the engine appends to it. The simulator's contexts stay runs (TokenRuns).
-        self.token_ids: Any = ids.copy() if isinstance(ids, TokenRuns) else list(ids)  # type: ignore[assignment]
+        self.token_ids: TokenIds = ids.copy() if isinstance(ids, TokenRuns) else list(ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.output_logprobs: list[float] = []
         self.num_computed_tokens = 0  # tokens whose KV is in this engine's cache
@@ -198,7 +200,7 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
-    def output_token_ids(self) -> Any:
+    def output_token_ids(self) -> TokenIds:
         return self.token_ids[self.num_prompt_tokens :]
 
     def to_output(self, reason: FinishReason) -> RequestOutput:
