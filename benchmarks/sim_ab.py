@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         + ", ".join(f"{x:.3f}" for x in ratios)
         + f" (median {statistics.median(ratios):.3f})"
     )
-    print(f"every run's environment: {env or 'unchanged (no huge pages)'}")
+    print(f"every run's environment: {env or 'unchanged'}")
     digests = {r["digest"] for rs in runs.values() for r in rs}
     if len(digests) != 1:
         print(f"DIGESTS DIFFER: {sorted(digests)}")

@@ -34,11 +34,13 @@ workers x batch 16,384 in < 16 GB; memory after 40 steps within 10% of after 5. 
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import math
 import platform
 import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -192,6 +194,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "results" / "sim_scale.json"))
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pearl-sim-scale-"))
+    atexit.register(shutil.rmtree, folder, True)  # the traces written below
     trace = folder / "reserved_only.csv"  # no preemptible GPUs: the pool is the reserved one
     trace.write_text("time_s,available\n0,0\n")
     memory_trace = "segment2"
@@ -215,7 +218,7 @@ def main() -> None:
         )
 
     env = simulation_env()  # as `pearl plan` and `pearl simulate` start their runs
-    print(f"run processes' environment: {env or 'unchanged (no huge pages)'}", flush=True)
+    print(f"run processes' environment: {env or 'unchanged'}", flush=True)
     run_in_processes(
         one_step, jobs, 1, done, lambda key, why: lost.__setitem__(str(key), why), env=env
     )

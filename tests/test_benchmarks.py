@@ -2,6 +2,7 @@
 
 import asyncio
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -232,13 +233,17 @@ def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
     out = tmp_path / "scale.json"
     args = ["--workers", "2", "4", "--models", "Qwen3-8B", "--out", str(out)]
     args += ["--memory-durations", "300", "--memory-policies", "roll", "--memory-available", "2"]
+    scratch = tmp_path / "tmp"  # its traces' folder goes here, and is gone at the end
+    scratch.mkdir()
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sim_scale.py"), *args],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(scratch.glob("pearl-sim-scale-*"))
     res = json.loads(out.read_text())
     assert not res["lost"]
     assert [(r["workers"], r["batch"], r["steps"]) for r in res["rows"]] == [(2, 16, 1), (4, 32, 1)]
