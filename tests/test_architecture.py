@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pearl"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "token_runs": set(),  # token sequences as runs over id walks (the simulator's contexts)
-    "native": set(),  # builds and loads the engine's compiled modules (imported by pearl/__init__)
+    "native": {"models"},  # the engine compiled (imported by pearl/__init__); the cache root
     "models": {"errors"},
     "engine": {"models", "errors", "token_runs"},
     "workloads": {"errors", "token_runs"},

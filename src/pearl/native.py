@@ -8,7 +8,8 @@ structs, their calls C calls. The results are the same to the bit (the golden di
 ``tests/test_native.py``); the time is not (benchmarks/README, "ninth stop").
 
 Nothing here changes the package's files. ``build()`` compiles a copy of the package's
-sources into ``$PEARL_CACHE/native/<key>`` (default ``~/.cache/pearl/native``), where the key
+sources into ``native/<key>`` under PEARL's cache (``$PEARL_CACHE``, default
+``~/.cache/pearl``: ``pearl.models.catalog.cache_root``), where the key
 hashes the modules' sources and the interpreter: an edited module, another Python or another
 machine type gets a build of its own, and an out-of-date build is never loaded. A process
 uses a build only when started with ``PEARL_NATIVE=1`` and a build for its sources exists:
@@ -37,6 +38,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from pearl.models import catalog
+
 log = logging.getLogger(__name__)
 
 ENV = "PEARL_NATIVE"
@@ -58,9 +61,7 @@ class NativeBuildError(RuntimeError):
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    base = env.get("PEARL_CACHE") or str(Path.home() / ".cache" / "pearl")
-    return Path(base) / "native"
+    return catalog.cache_root(environ) / "native"
 
 
 def _source(module: str, package: Path = PACKAGE) -> Path:

@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -52,12 +52,14 @@ FORMAT_VERSION = 1  # bump when the converted folder's layout changes
 _STAMP = "pearl-model.json"
 
 
-def cache_root() -> Path:
-    """Where converted models live: ``$PEARL_CACHE``, else ``$XDG_CACHE_HOME/pearl``, else
-    ``~/.cache/pearl``."""
-    if os.environ.get("PEARL_CACHE"):
-        return Path(os.environ["PEARL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+def cache_root(environ: Mapping[str, str] | None = None) -> Path:
+    """PEARL's cache (converted models, ``pearl.native``'s builds): ``$PEARL_CACHE``, else
+    ``$XDG_CACHE_HOME/pearl``, else ``~/.cache/pearl``, read from ``environ`` (default: this
+    process's)."""
+    env = os.environ if environ is None else environ
+    if env.get("PEARL_CACHE"):
+        return Path(env["PEARL_CACHE"])
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "pearl"
 
 
