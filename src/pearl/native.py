@@ -163,7 +163,7 @@ def _prune(root: Path, keep: int) -> None:
 
 # The compiled modules' imports reach function-level imports of the model libraries
 # (pearl/__init__ -> pearl.native -> pearl.models.catalog, whose GGUF conversion imports torch
-# and transformers): type-checking those took ~5 minutes and ~6 GB a build. They are not
+# and transformers): type-checking those took ~5 minutes and over 5 GB a build. They are not
 # followed (typed Any): no compiled module uses them.
 _SKIPPED = ("torch", "transformers", "safetensors", "gguf", "ray", "vllm")
 _MYPY_CONFIG = "[mypy]\n" + "".join(f"[mypy-{p}.*]\nfollow_imports = skip\n" for p in _SKIPPED)
