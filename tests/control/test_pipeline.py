@@ -214,3 +214,22 @@ def test_joined_turn_outputs_keep_each_tokens_versions():
     assert c.joined(b).version_spans == ((0, 4, 4),)  # an empty first part adds no span
     assert a.joined(c).version_spans == a.version_spans
     assert b.tokens_by_version(n=7) == {(4, 4): 7}  # a turn whose ids were dropped
+
+
+def test_a_turn_without_tokens_keeps_every_other_field():
+    import dataclasses
+
+    from pearl.control.interfaces import TurnOutput, TurnTelemetry
+
+    out = TurnOutput(
+        "r", "s", [1, 2], [0.5, 0.25], "stop", 4, TurnTelemetry(decode_worker="w"), ((0, 3, 3),)
+    )
+    dropped = out.without_tokens()
+    assert dropped == dataclasses.replace(out, token_ids=[], logprobs=[])
+    assert out.token_ids == [1, 2] and dropped.telemetry is out.telemetry
+    fields = {f.name for f in dataclasses.fields(TurnOutput)}  # a new field must be carried over
+    assert fields == {"request_id", "session_id", "token_ids", "logprobs", "finish_reason"} | {
+        "weight_version",
+        "telemetry",
+        "version_spans",
+    }

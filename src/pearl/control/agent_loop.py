@@ -8,7 +8,6 @@ real workers) and simulated (virtual clock, simulated workers).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -149,7 +148,7 @@ async def run_trajectory(
         kept = turn.response_tokens_kept
         kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
         if not config.keep_tokens:
-            out = dataclasses.replace(out, token_ids=[], logprobs=[])
+            out = out.without_tokens()
         result.turns.append(out)
         if on_turn is not None:
             on_turn(result, out)
