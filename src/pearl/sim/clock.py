@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import heapq
 import math
 import selectors
-from asyncio import base_events, events
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -83,38 +81,8 @@ def _waiting_tasks(limit: int = 12) -> str:
     return "\n".join(lines)
 
 
-class _Due(float):
-    """A timer's due time carrying the timer: the loop's heap of these compares floats in C,
-    where asyncio's heap of ``TimerHandle`` calls its Python ``__lt__`` (1.7 million calls in
-    a 64-worker step). Equal times compare "not less" either way, as two handles do, so the
-    heap keeps exactly asyncio's layout and the order of equal-time timers."""
-
-    __slots__ = ("handle",)
-    handle: events.TimerHandle
-
-
-# What the lean loop reads of asyncio's own (stable from Python 3.8 to 3.13); where a
-# version lacks one, the loop runs asyncio's code instead.
-_ASYNCIO: Any = base_events
-_ASYNCIO_PARTS = ("_scheduled", "_ready", "_stopping", "_timer_cancelled_count", "_debug")
-_ASYNCIO_CONSTANTS = (
-    "_MIN_SCHEDULED_TIMER_HANDLES",
-    "_MIN_CANCELLED_TIMER_HANDLES_FRACTION",
-    "MAXIMUM_SELECT_TIMEOUT",
-    "logger",
-    "_format_handle",
-)
-
-
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop on simulated seconds starting at ``start``.
-
-    Its timers are asyncio's (``TimerHandle``: cancel, ``when()``), kept in a heap of their
-    due times (``_Due``) rather than of the handles; ``_run_once`` is asyncio's, step for
-    step, over that heap. Same timers fire in the same order (the golden digests,
-    ``tests/apps/test_golden.py``); the heap's comparisons run in C."""
-
-    _lean = False  # until __init__ has checked asyncio's parts
+    """An event loop on simulated seconds starting at ``start``."""
 
     def __init__(self, start: float = 0.0) -> None:
         selector = _JumpingSelector()
@@ -126,104 +94,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # (asyncio reads it every loop iteration; a property here was ~1% of a run).
         self._clock_resolution = _resolution(selector.now)
         selector.loop = self
-        self._lean = all(hasattr(self, a) for a in _ASYNCIO_PARTS) and all(
-            hasattr(_ASYNCIO, c) for c in _ASYNCIO_CONSTANTS
-        )
 
     def time(self) -> float:
         return self._virtual.now
 
-    def call_at(self, when, callback, *args, context=None):  # type: ignore[no-untyped-def]
-        if not self._lean:
-            return super().call_at(when, callback, *args, context=context)
-        loop: Any = self  # asyncio's private parts, untyped
-        if when is None:
-            raise TypeError("when cannot be None")
-        loop._check_closed()
-        if loop._debug:
-            loop._check_thread()
-            loop._check_callback(callback, "call_at")
-        timer: Any = events.TimerHandle(when, callback, args, self, context)
-        if timer._source_traceback:
-            del timer._source_traceback[-1]
-        due = _Due(when)
-        due.handle = timer
-        heapq.heappush(loop._scheduled, due)
-        timer._scheduled = True
-        return timer
-
-    def _run_once(self) -> None:
-        """asyncio's ``BaseEventLoop._run_once`` (Python 3.11-3.13) over the heap of ``_Due``."""
-        loop: Any = self  # asyncio's private parts, untyped
-        if not self._lean:
-            return super()._run_once()  # type: ignore[misc]
-        scheduled: list[_Due] = loop._scheduled
-        count = len(scheduled)
-        if (
-            count > _ASYNCIO._MIN_SCHEDULED_TIMER_HANDLES
-            and loop._timer_cancelled_count / count > _ASYNCIO._MIN_CANCELLED_TIMER_HANDLES_FRACTION
-        ):
-            kept = []
-            for due in scheduled:
-                if due.handle._cancelled:
-                    due.handle._scheduled = False
-                else:
-                    kept.append(due)
-            heapq.heapify(kept)
-            loop._scheduled = scheduled = kept
-            loop._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0].handle._cancelled:
-                loop._timer_cancelled_count -= 1
-                heapq.heappop(scheduled).handle._scheduled = False
-
-        ready = loop._ready
-        timeout = None
-        if ready or loop._stopping:
-            timeout = 0
-        elif scheduled:
-            timeout = min(max(0, scheduled[0] - self._virtual.now), _ASYNCIO.MAXIMUM_SELECT_TIMEOUT)
-        event_list = self._virtual.select(timeout)
-        if event_list:
-            loop._process_events(event_list)
-        event_list = None
-
-        end_time = self._virtual.now + self._clock_resolution
-        while scheduled and scheduled[0] < end_time:
-            handle = heapq.heappop(scheduled).handle
-            handle._scheduled = False
-            ready.append(handle)
-
-        if loop._debug:
-            return self._run_ready_debug(len(ready))
-        for _ in range(len(ready)):
-            handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
-        handle = None  # breaks a cycle when a callback raised
-
     def _write_to_self(self) -> None:
         self._virtual.woken = True  # before the byte: the selector polls for it
         super()._write_to_self()  # type: ignore[misc]
-
-    def _run_ready_debug(self, ntodo: int) -> None:
-        """The ready callbacks, timed as asyncio's debug mode times them."""
-        loop: Any = self
-        for _ in range(ntodo):
-            handle = loop._ready.popleft()
-            if handle._cancelled:
-                continue
-            try:
-                loop._current_handle = handle
-                t0 = self.time()
-                handle._run()
-                dt = self.time() - t0
-                if dt >= self.slow_callback_duration:
-                    _ASYNCIO.logger.warning(
-                        "Executing %s took %.3f seconds", _ASYNCIO._format_handle(handle), dt
-                    )
-            finally:
-                loop._current_handle = None
 
     @property
     def timer_jumps(self) -> int:
