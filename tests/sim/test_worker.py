@@ -247,7 +247,8 @@ def test_the_live_twin_refuses_kv_of_other_weights_until_the_versions_agree(refu
         assert out.weight_version == 1 and out.tokens_by_version() == {(1, 1): 40}
     else:  # decoded at once by v0 on KV of v1 (what a GPU engine's model does here)
         assert retries == 0 and out.telemetry.finished_at < synced
-        assert out.weight_version == 0
+        assert out.weight_version == 0 and (0, 1) in out.tokens_by_version()
+        assert out.oldest_version == 0  # sampled by v0: the oldest it depended on
 
 
 @pytest.mark.parametrize("fast_forward", [False, True])

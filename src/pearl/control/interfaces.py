@@ -62,7 +62,9 @@ VersionSpan = tuple[int, int, int]
 """``(first token, weights, kv)``: from a turn's token ``first`` on (to the next span), tokens
 were sampled by a forward pass of weights version ``weights`` over KV whose oldest part
 weights ``kv`` computed (``kv <= weights``: older when new weights landed while the turn, or
-its session's kept KV, was in flight)."""
+its session's kept KV, was in flight; newer only where a simulated decode worker that
+accepts KV of other weights, ``SimEngineConfig.refuse_kv_of_other_weights`` False, took a
+chunk from a prefill worker already updated)."""
 
 
 @dataclass(slots=True)
@@ -83,7 +85,7 @@ class TurnOutput:
     @property
     def oldest_version(self) -> int:
         """The oldest weights any of this turn's token distributions depended on."""
-        return min(kv for _, _, kv in self._spans())
+        return min(min(weights, kv) for _, weights, kv in self._spans())
 
     def tokens_by_version(self, n: int | None = None) -> dict[tuple[int, int], int]:
         """This turn's ``n`` generated tokens (default: those it holds) by ``(weights, kv)``

@@ -265,7 +265,7 @@ class PipelineScheduler:
                 rec.tokens_by_version[key] = rec.tokens_by_version.get(key, 0) + n
         if rec.tokens_by_version:
             rec.weight_versions = (
-                min(kv for _, kv in rec.tokens_by_version),
+                min(min(w, kv) for w, kv in rec.tokens_by_version),
                 max(w for w, _ in rec.tokens_by_version),
             )
         else:  # no token generated: nothing older than the weights it started with
