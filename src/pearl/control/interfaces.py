@@ -104,7 +104,7 @@ class TurnOutput:
 
     def without_tokens(self) -> TurnOutput:
         """This turn with its token ids and log-probabilities dropped (a run that keeps no
-        tokens; ``dataclasses.replace`` was ~2% of a simulated step, once a turn)."""
+        tokens; ``dataclasses.replace`` was ~1% of a simulated step, once a turn)."""
         return TurnOutput(
             self.request_id,
             self.session_id,
