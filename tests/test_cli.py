@@ -121,7 +121,7 @@ def test_sigterm_stops_the_pool_and_keeps_the_finished_runs(tmp_path):
 
     from procfs import wait_until_gone
 
-    alive = wait_until_gone(children, 15)
+    alive = wait_until_gone(children, 60)
     assert not alive, f"pool workers left running: {alive}"
     # The finished runs make a report of their own (pearl report), marked as partial.
     from reportparse import parse_report

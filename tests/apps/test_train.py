@@ -253,13 +253,15 @@ def test_killed_rollout_workers_are_replaced_and_no_trajectory_is_lost(
 ):
     # ~0.1 s a step on an idle core (several times that on a loaded one): >= 4 s of run.
     kills, failures = run_with_kills(chat_model, tmp_path, steps=40, every_s=2.0)
-    assert kills - 1 <= failures <= kills  # the last kill may land after the end
+    # Kills after the last rollout go unnoticed: one per worker at most (a killed worker is
+    # not killed again), so up to 2 when the run's last update takes over 2 s (a busy host).
+    assert kills - 2 <= failures <= kills
 
 
 @pytest.mark.slow
 def test_twenty_worker_kills_lose_or_duplicate_no_trajectory(chat_model, tmp_path, ray_runtime):
     kills, failures = run_with_kills(chat_model, tmp_path, steps=300, every_s=1.5)
-    assert kills >= 20 and kills - 1 <= failures <= kills
+    assert kills >= 20 and kills - 2 <= failures <= kills
 
 
 def test_borrowing_lends_the_slot_of_a_trainer_of_two_processes(chat_model, tmp_path, ray_runtime):

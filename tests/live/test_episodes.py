@@ -75,6 +75,10 @@ def test_a_reset_that_fails_or_returns_a_non_string_aborts(chat):
 
 
 def test_a_hanging_step_times_out_without_stalling_other_episodes(chat):
+    import threading
+
+    unblock = threading.Event()
+
     class Hangs(Env):
         async def step(self, action):
             await asyncio.sleep(3600)
@@ -83,39 +87,44 @@ def test_a_hanging_step_times_out_without_stalling_other_episodes(chat):
         system_prompt = "sys"
         success = False
 
-        def reset(self, seed):
+        async def reset(self, seed):
             return "task"
 
         def step(self, action):
-            time.sleep(1.0)
+            unblock.wait(30)  # far past the timeout (released when the test ends)
             return StepResult("late", 0.0, True)
 
     async def main():
         eps = [episode(chat, Hangs(), timeout=0.2)[0], episode(chat, Blocks(), timeout=0.2)[0]]
         good = episode(chat, Env(step=lambda a: StepResult("ok", 1.0, True)), timeout=30.0)[0]
-        t0 = time.perf_counter()
         for ep in [*eps, good]:
             await ep.start()
+        t0 = time.perf_counter()
         results = await asyncio.gather(
             *(ep.respond(chat.tokenizer.encode("hi")) for ep in [*eps, good]),
             return_exceptions=True,
         )
         return results, time.perf_counter() - t0
 
-    (hung, blocked, ok), seconds = asyncio.run(main())
+    try:
+        (hung, blocked, ok), seconds = asyncio.run(main())
+    finally:
+        unblock.set()
     assert isinstance(hung, EpisodeAborted) and hung.reason == "env_timeout"
     assert isinstance(blocked, EpisodeAborted) and blocked.reason == "env_timeout"
     assert "took more than 0.2 s" in str(hung) and ok == ([], 1.0, True)
-    assert seconds < 0.9  # neither waited for the other
+    # Neither waited for the other, nor for the 30 s block (generous: a busy host is slow).
+    assert seconds < 10
 
 
 def test_slow_plain_steps_are_timed_from_when_they_run_and_hung_ones_hold_nothing(chat):
-    """A batch's plain-function steps each run at once in their own thread: 40 steps of
-    0.3 s under a 1 s timeout all finish (a shared pool of a few threads would queue them
-    past it), even beside calls that never return."""
+    """A batch's plain-function steps each run at once in their own thread: 40 steps that
+    wait for one another (a barrier of 40) all finish (a shared pool of a few threads would
+    never run them together: the barrier breaks), even beside calls that never return."""
     import threading
 
     release = threading.Event()
+    together = threading.Barrier(40, timeout=20)
 
     class Slow:
         system_prompt = "sys"
@@ -130,11 +139,14 @@ def test_slow_plain_steps_are_timed_from_when_they_run_and_hung_ones_hold_nothin
         def step(self, action):
             if self.hang:
                 release.wait(30)  # hangs past the timeout (released when the test ends)
-            time.sleep(0.3)
+            else:
+                together.wait()  # BrokenBarrierError (env_error) unless all 40 run at once
             return StepResult("done", 1.0, True)
 
     async def main():
-        eps = [episode(chat, Slow(hang=k < 8), timeout=1.0)[0] for k in range(48)]
+        eps = [
+            episode(chat, Slow(hang=k < 8), timeout=1.0 if k < 8 else 30.0)[0] for k in range(48)
+        ]
         for ep in eps:
             await ep.start()
         return await asyncio.gather(

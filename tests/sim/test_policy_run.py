@@ -512,6 +512,7 @@ def test_a_mode_switch_or_shrink_mid_batch_resumes_every_cut_turn(to):
         if o.telemetry.submitted_at > at + 1e-6
     ]
     assert late, "no turn started after the change"
+    assert len(result.reconfigured_at) == 1 and result.reconfigured_at[0] >= at
     from scripted_checks import assert_served_by_new_topology
 
     assert_served_by_new_topology(late, to)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult, run_trajectory
 from pearl.control.interfaces import Clock
@@ -19,6 +19,9 @@ class BatchResult:
     trajectories: list[TrajectoryResult]
     started_at: float
     finished_at: float
+    # When each scripted reconfiguration had taken effect (``run_scripted_batch``; on the
+    # clock the batch ran on): a turn its worker received later ran on the new topology.
+    reconfigured_at: list[float] = field(default_factory=list)
 
     @property
     def makespan_s(self) -> float:

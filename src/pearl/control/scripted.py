@@ -90,6 +90,7 @@ async def run_scripted_batch(
         table.set_statuses({s: WorkerStatus.INACTIVE for s in leaving_now})
     rebuilder.apply_topology()
     start = clock.now()
+    applied: list[float] = []
 
     async def script() -> None:
         for change in sorted(changes, key=lambda c: c.at_s):
@@ -97,6 +98,7 @@ async def run_scripted_batch(
             roles = roles_for(slots, change.to)
             leaving = [s for s in slots if s not in roles and s in rebuilder.workers]
             await rebuilder.shrink(leaving, roles)
+            applied.append(clock.now())
 
     task = asyncio.ensure_future(script())
     try:
@@ -104,4 +106,5 @@ async def run_scripted_batch(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+    result.reconfigured_at = applied
     return result
