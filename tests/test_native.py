@@ -59,7 +59,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 CHECK = (
-    "import pearl.sim.worker, pearl.sim.prefix_runs; from pearl import native; "
+    "import pearl.sim.worker, pearl.sim.prefix_runs, pearl.sim.costmodel; from pearl import native; "
     "print(sorted(native.compiled(m) for m in native.MODULES))"
 )
 

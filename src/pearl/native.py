@@ -2,10 +2,11 @@
 
 A simulated run spends most of its time in a few pure-Python modules: the engine's
 scheduler, sequences and block accounting, the simulator's block manager by runs, its token
-runs and its worker loop (``MODULES``). mypyc (mypy's compiler, https://mypyc.readthedocs.io)
-turns typed modules into C extensions with the same behaviour: their classes become C
-structs, their calls C calls. The results are the same to the bit (the golden digests,
-``tests/test_native.py``); the time is not (benchmarks/README, "ninth stop").
+runs, its worker loop and the cost model that prices each iteration (``MODULES``). mypyc
+(mypy's compiler, https://mypyc.readthedocs.io) turns typed modules into C extensions with
+the same behaviour: their classes become C structs, their calls C calls. The results are
+the same to the bit (the golden digests, ``tests/test_native.py``); the time is not
+(benchmarks/README, "ninth stop").
 
 Nothing here changes the package's files. ``build()`` compiles a copy of the package's
 sources into ``native/<key>`` under PEARL's cache (``$PEARL_CACHE``, default
@@ -50,6 +51,7 @@ MODULES = (
     "pearl.engine.scheduler",
     "pearl.sim.prefix_runs",
     "pearl.sim.worker",
+    "pearl.sim.costmodel",
 )
 PACKAGE = Path(__file__).resolve().parent  # the pearl package's sources
 MANIFEST = "manifest.json"

@@ -102,12 +102,16 @@ def _token(pool: int, start: int, offset: int) -> int:
 class TokenRuns:
     """A sequence of token ids as runs ``(pool, start, length)`` (see the module's doc)."""
 
-    __slots__ = ("_runs", "_ends", "_sampler")
+    __slots__ = ("_runs", "_ends", "_sampler", "_len")
 
     def __init__(self, sampler: int) -> None:
         self._runs: list[tuple[int, int, int]] = []
         self._ends: list[int] = []  # cumulative: run i covers [ends[i-1], ends[i])
         self._sampler = sampler  # the pool a token appended alone is looked up in
+        # The length (``_ends[-1]``), kept beside it: compiled, a field of the object, where
+        # ``_ends[-1]`` is a list's item, a boxed int elsewhere in memory (the scheduler
+        # asks every sequence's length every iteration: at 512 workers, a cold read each).
+        self._len = 0
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -130,6 +134,7 @@ class TokenRuns:
         out = TokenRuns(self._sampler)
         out._runs = self._runs.copy()
         out._ends = self._ends.copy()
+        out._len = self._len
         return out
 
     def _push(self, pool: int, start: int, n: int) -> None:
@@ -142,9 +147,11 @@ class TokenRuns:
             if p == pool and pool != LITERAL and (s + m) % len(_POOLS[p]) == start:
                 runs[-1] = (p, s, m + n)
                 ends[-1] += n
+                self._len += n
                 return
         runs.append((pool, start, n))
-        ends.append((ends[-1] if ends else 0) + n)
+        ends.append(self._len + n)
+        self._len += n
 
     def _continues_with(self, token: int) -> bool:
         if not self._runs:
@@ -159,11 +166,13 @@ class TokenRuns:
             p, s, m = runs[-1]
             runs[-1] = (p, s, m + 1)
             self._ends[-1] += 1
+            self._len += 1
             return
         position = _positions(self._sampler).get(token)
         if position is None:
             runs.append((LITERAL, token, 1))
-            self._ends.append((self._ends[-1] if self._ends else 0) + 1)
+            self._len += 1
+            self._ends.append(self._len)
         else:
             self._push(self._sampler, position, 1)
 
@@ -188,16 +197,19 @@ class TokenRuns:
             if p == pool and (s + m) % size == start:
                 runs[-1] = (p, s, m + n)
                 self._ends[-1] += n
+                self._len += n
                 return
         while n > 0:
             if not self._continues_with(ids[start]):
                 self._runs.append((pool, start, n))
-                self._ends.append((self._ends[-1] if self._ends else 0) + n)
+                self._len += n
+                self._ends.append(self._len)
                 return
             p, s, m = self._runs[-1]
             take = n if p == pool else 1  # the sampler's own run takes the whole walk
             self._runs[-1] = (p, s, m + take)
             self._ends[-1] += take
+            self._len += take
             start, n = (start + take) % len(ids), n - take
 
     def __iadd__(self, tokens: Iterable[int]) -> TokenRuns:
@@ -232,12 +244,16 @@ class TokenRuns:
         if n <= 0:
             runs.clear()
             ends.clear()
+            self._len = 0
+            return
+        if n >= self._len:
             return
         i = bisect_right(ends, n - 1)  # the run holding token n - 1
         del runs[i + 1 :], ends[i + 1 :]
         p, s, m = runs[i]
         runs[i] = (p, s, m - (ends[i] - n))
         ends[i] = n
+        self._len = n
 
     def _runs_from(self, n: int) -> list[tuple[int, int, int]]:
         """The runs of tokens ``n ..`` (the first one cut to start at token ``n``)."""
@@ -254,7 +270,7 @@ class TokenRuns:
 
     # -- a list's queries -------------------------------------------------------------
     def __len__(self) -> int:
-        return self._ends[-1] if self._ends else 0
+        return self._len
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -291,6 +307,7 @@ class TokenRuns:
         out._runs = picked
         total = 0
         out._ends = [total := total + run[2] for run in picked]
+        out._len = total
         return out
 
     def __iter__(self) -> Iterator[int]:
@@ -472,6 +489,7 @@ def _restore(sampler: int, runs: list[tuple[int, int, int]], ends: list[int]) ->
     out = TokenRuns(sampler)
     out._runs = runs
     out._ends = ends
+    out._len = ends[-1] if ends else 0
     return out
 
 

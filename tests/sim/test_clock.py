@@ -94,3 +94,67 @@ def test_the_clock_keeps_running_far_from_zero(start):
     finally:
         signal.alarm(0)
     assert end == pytest.approx(start + 2e7 + 10, rel=1e-12, abs=1e-6)
+
+
+class AsyncioPass(VirtualTimeLoop):
+    """The virtual clock with asyncio's own loop pass (``BaseEventLoop._run_once``)."""
+
+    def _run_once(self):
+        asyncio.BaseEventLoop._run_once(self)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_loops_pass_runs_callbacks_in_asyncios_order(seed):
+    """Ties (times on a 0.25 s grid), cancelled timers (most of them: asyncio purges its
+    heap), timeouts, futures and zero sleeps: the same program logs the same (time, event)
+    sequence on VirtualTimeLoop as on the same loop with asyncio's pass."""
+    import random
+
+    def program(log):
+        async def main():
+            rng = random.Random(seed)
+            loop = asyncio.get_running_loop()
+            gate = loop.create_future()
+
+            def t():  # a time on the grid: timers due together
+                return rng.randrange(5) / 4
+
+            async def worker(k):
+                for step in range(25):
+                    kind = rng.randrange(5)
+                    if kind == 0:
+                        await asyncio.sleep(t())
+                    elif kind == 1:
+                        try:  # a cancelled timer when it finishes first
+                            await asyncio.wait_for(asyncio.sleep(t()), t())
+                        except TimeoutError:
+                            log.append((loop.time(), k, step, "timeout"))
+                    elif kind == 2:
+                        handles = [
+                            loop.call_later(t(), log.append, (k, step, i)) for i in range(16)
+                        ]
+                        for h in handles[1:]:
+                            if rng.random() < 0.8:
+                                h.cancel()
+                    elif kind == 3 and not gate.done() and k == 3:
+                        gate.set_result(step)
+                    else:
+                        await asyncio.sleep(t() + 0.125)
+                    log.append((loop.time(), k, step))
+                if k == 0:
+                    log.append(("gate", await gate))
+
+            await asyncio.gather(*(worker(k) for k in range(40)))
+
+        return main
+
+    logs = []
+    for cls in (VirtualTimeLoop, AsyncioPass):
+        log: list = []
+        loop = cls()
+        try:
+            loop.run_until_complete(program(log)())
+        finally:
+            loop.close()
+        logs.append(log)
+    assert len(logs[0]) > 1000 and logs[0] == logs[1]
