@@ -141,17 +141,24 @@ class TokenRuns:
         """Append a run, joining the last one if it continues it in the same pool."""
         if n <= 0:
             return
-        runs, ends = self._runs, self._ends
+        runs = self._runs
         if runs:
             p, s, m = runs[-1]
             if p == pool and pool != LITERAL and (s + m) % len(_POOLS[p]) == start:
-                runs[-1] = (p, s, m + n)
-                ends[-1] += n
-                self._len += n
+                self._grow_last(p, s, m, n)
                 return
-        runs.append((pool, start, n))
-        ends.append(self._len + n)
+        self._new_run(pool, start, n)
+
+    def _grow_last(self, p: int, s: int, m: int, n: int) -> None:
+        """The last run, ``(p, s, m)``, goes on for ``n`` more tokens."""
+        self._runs[-1] = (p, s, m + n)
+        self._ends[-1] += n
         self._len += n
+
+    def _new_run(self, pool: int, start: int, n: int) -> None:
+        self._runs.append((pool, start, n))
+        self._len += n
+        self._ends.append(self._len)
 
     def _continues_with(self, token: int) -> bool:
         if not self._runs:
@@ -161,18 +168,13 @@ class TokenRuns:
 
     # -- a list's mutators ------------------------------------------------------------
     def append(self, token: int) -> None:
-        runs = self._runs
         if self._continues_with(token):
-            p, s, m = runs[-1]
-            runs[-1] = (p, s, m + 1)
-            self._ends[-1] += 1
-            self._len += 1
+            p, s, m = self._runs[-1]
+            self._grow_last(p, s, m, 1)
             return
         position = _positions(self._sampler).get(token)
         if position is None:
-            runs.append((LITERAL, token, 1))
-            self._len += 1
-            self._ends.append(self._len)
+            self._new_run(LITERAL, token, 1)
         else:
             self._push(self._sampler, position, 1)
 
@@ -195,21 +197,15 @@ class TokenRuns:
         if runs and n > 0:  # the common case, the loop's first pass: the sampler's run goes on
             p, s, m = runs[-1]
             if p == pool and (s + m) % size == start:
-                runs[-1] = (p, s, m + n)
-                self._ends[-1] += n
-                self._len += n
+                self._grow_last(p, s, m, n)
                 return
         while n > 0:
             if not self._continues_with(ids[start]):
-                self._runs.append((pool, start, n))
-                self._len += n
-                self._ends.append(self._len)
+                self._new_run(pool, start, n)
                 return
             p, s, m = self._runs[-1]
             take = n if p == pool else 1  # the sampler's own run takes the whole walk
-            self._runs[-1] = (p, s, m + take)
-            self._ends[-1] += take
-            self._len += take
+            self._grow_last(p, s, m, take)
             start, n = (start + take) % len(ids), n - take
 
     def __iadd__(self, tokens: Iterable[int]) -> TokenRuns:
