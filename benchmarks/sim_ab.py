@@ -13,7 +13,9 @@ speed weighs on both sides alike). Reported per run: wall and CPU seconds, peak 
 MB and the result's digest (``sim_scale.result_digest``); then each side's median and the
 median of the pairs' new/base ratios. Exits with status 1 if the digests differ (a
 speed-up must not change the result). Both sides' processes start as ``pearl plan`` starts
-its runs (``pearl.apps.huge_pages``; ``PEARL_HUGE_PAGES=0``: CPython's allocator).
+its runs (``pearl.apps.huge_pages``; ``PEARL_HUGE_PAGES=0``: CPython's allocator), each
+on its own tree's compiled modules (``pearl.native``, built first where missing; a run on
+the other kind of modules than ``PEARL_NATIVE`` asks for stops the comparison).
 """
 
 from __future__ import annotations
@@ -43,7 +45,20 @@ with tempfile.TemporaryDirectory() as d:
     trace.write_text("time_s,available\\n0,0\\n")
     r = sim_scale.one_step(sys.argv[3], int(sys.argv[2]), str(trace))
 r["cpu_s"] = time.process_time()
-print(json.dumps({k: r[k] for k in ("wall_s", "cpu_s", "peak_mb", "digest")}))
+r["compiled"] = sys.modules["pearl.sim.worker"].__file__.endswith(".so")
+print(json.dumps({k: r[k] for k in ("wall_s", "cpu_s", "peak_mb", "digest", "compiled")}))
+"""
+
+# The tree's environment for a simulation process, as its `pearl plan` starts its runs,
+# after building its compiled modules where it can (``pearl.native``; a no-op when built).
+_TREE_ENV = """
+import json, sys
+sys.path[:0] = [sys.argv[1] + "/src"]
+from pearl import native
+from pearl.apps.process_env import simulation_env
+if sys.argv[2] == "1":
+    native.build()
+print(json.dumps(simulation_env()))
 """
 
 
@@ -53,11 +68,37 @@ def one_run(tree: Path, workers: int, model: str, env: dict[str, str]) -> dict:
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, **env},
+        env=env,
     )
     if proc.returncode != 0:
         raise SystemExit(f"the run on {tree} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if out["compiled"] != (env.get("PEARL_NATIVE") == "1"):
+        raise SystemExit(
+            f"the run on {tree} ran {'compiled' if out['compiled'] else 'Python'} modules, "
+            f"not what PEARL_NATIVE={env.get('PEARL_NATIVE')!r} asks for"
+        )
+    return out
+
+
+def tree_env(tree: Path, native: bool) -> dict[str, str]:
+    """The environment ``tree`` starts its simulation processes with, on its own compiled
+    build when ``native`` (built here if missing: the cache keeps only the newest few, and a
+    base on its Python modules, ~1.5x slower, would look like a speed-up). Each side its
+    own: a setting one tree adds may mean nothing to the other."""
+    clean = dict(os.environ)
+    if not native:
+        clean["PEARL_NATIVE"] = "0"
+    proc = subprocess.run(
+        [sys.executable, "-c", _TREE_ENV, str(tree), "1" if native else "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"preparing {tree} failed:\n{proc.stderr[-4000:]}")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), **clean}
 
 
 def order(pairs: int) -> list[str]:
@@ -77,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.pairs < 1 or args.workers < 1:
         parser.error("--pairs and --workers must be >= 1")
 
-    env = simulation_env()  # both sides alike, as `pearl plan` starts its runs
+    # As `pearl plan` starts its runs: with the compiled modules where this tree's are built.
+    native = simulation_env().get("PEARL_NATIVE") == "1"
     with tempfile.TemporaryDirectory(prefix="pearl-sim-ab-") as tmp:
         base = Path(tmp) / "base"
         git = ["git", "-C", str(ROOT), "worktree"]
@@ -90,9 +132,11 @@ def main(argv: list[str] | None = None) -> None:
         if added.returncode != 0:
             sys.exit(f"--base {args.base!r}: git could not check it out: {added.stderr.strip()}")
         try:
+            envs = {"base": tree_env(base, native), "new": tree_env(ROOT, native)}
             runs: dict[str, list[dict]] = {"base": [], "new": []}
             for side in order(args.pairs):
-                r = one_run(base if side == "base" else ROOT, args.workers, args.model, env)
+                tree = base if side == "base" else ROOT
+                r = one_run(tree, args.workers, args.model, envs[side])
                 runs[side].append(r)
                 print(
                     f"{side:4s}  {r['wall_s']:7.1f} s wall  {r['cpu_s']:7.1f} s CPU  "
@@ -110,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
         + ", ".join(f"{x:.3f}" for x in ratios)
         + f" (median {statistics.median(ratios):.3f})"
     )
-    print(f"every run's environment: {env or 'unchanged'}")
+    for side, env in envs.items():
+        added = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        print(f"{side}'s runs' environment: {added or 'unchanged'}")
     digests = {r["digest"] for rs in runs.values() for r in rs}
     if len(digests) != 1:
         print(f"DIGESTS DIFFER: {sorted(digests)}")

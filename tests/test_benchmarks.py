@@ -287,5 +287,5 @@ def test_sim_ab_alternates_a_revision_with_the_tree_and_compares_digests(capsys)
     bench.main(["--base", "HEAD", "--workers", "2", "--pairs", "1"])
     out = capsys.readouterr().out
     assert "2 workers, 1 pairs" in out and "on every run" in out
-    assert "every run's environment: " in out
+    assert "base's runs' environment: " in out and "new's runs' environment: " in out
     assert [line.split()[0] for line in out.splitlines()[:2]] == ["base", "new"]

@@ -26,6 +26,7 @@ def _copy_sources(dest: Path) -> Path:
         target = native._source(module, dest)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src, target)
+    shutil.copy(native.PACKAGE / native.ARENAS_SOURCE, dest / native.ARENAS_SOURCE)
     return dest
 
 
@@ -34,7 +35,11 @@ def test_the_build_key_follows_the_sources(tmp_path):
     assert native.build_key(copy) == native.build_key()
     worker = native._source("pearl.sim.worker", copy)
     worker.write_text(worker.read_text() + "\n# an edit\n")
-    assert native.build_key(copy) != native.build_key()
+    edited = native.build_key(copy)
+    assert edited != native.build_key()
+    arenas = copy / native.ARENAS_SOURCE
+    arenas.write_text(arenas.read_text() + "\n/* an edit */\n")
+    assert native.build_key(copy) not in (edited, native.build_key())
 
 
 def test_a_simulation_process_gets_the_compiled_engine_only_where_a_build_exists(tmp_path):
@@ -45,7 +50,7 @@ def test_a_simulation_process_gets_the_compiled_engine_only_where_a_build_exists
     (folder / native.MANIFEST).write_text('{"modules": {}}')
     assert native.native_env(env) == {"PEARL_NATIVE": "1"}
     assert native.native_env({**env, "PEARL_NATIVE": "0"}) == {}  # the user's opt-out
-    assert simulation_env(env) == {**huge_page_env(env), "PEARL_NATIVE": "1"}
+    assert simulation_env(env) == {**huge_page_env(env, arenas=True), "PEARL_NATIVE": "1"}
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -85,8 +90,9 @@ def test_a_module_mypyc_rejects_fails_the_build_with_its_message(tmp_path):
 
 def test_the_compiled_modules_give_the_golden_digests():
     """Built here (once per source version; scripts/env.sh builds it ahead), loaded by a
-    process started with PEARL_NATIVE=1, and the golden runs' records are bit for bit the
-    Python modules' (tests/apps/test_golden.py)."""
+    process started with PEARL_NATIVE=1 (and CPython's arenas on huge pages, as
+    simulation processes start), and the golden runs' records are bit for bit the Python
+    modules' (tests/apps/test_golden.py)."""
     if native._missing_tools():
         pytest.skip(native._missing_tools())
     native.build()
@@ -107,12 +113,48 @@ def test_the_compiled_modules_give_the_golden_digests():
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "PEARL_NATIVE": "1"},
+        env={**os.environ, "PEARL_NATIVE": "1", native.ARENAS_ENV: "1"},
         cwd=ROOT,
         timeout=900,
     )
     assert golden.returncode == 0, golden.stdout[-3000:]
     assert "2 passed" in golden.stdout, golden.stdout[-3000:]
+
+
+_HUGE_MB = """
+import re
+keep = [[i, str(i)] for i in range(1_500_000)]  # ~300 MB of objects under 512 bytes
+text = open("/proc/self/smaps_rollup").read()
+print(int(re.search(r"AnonHugePages:\\s+(\\d+)", text).group(1)) // 1024)
+"""
+
+
+@pytest.mark.skipif(
+    not huge_page_env(), reason="this host grants huge pages to every mapping, or to none"
+)
+def test_the_builds_arena_allocator_puts_cpythons_objects_on_huge_pages():
+    """The real effect on this host (huge pages only on request): CPython's own allocator
+    (no PYTHONMALLOC) keeps most of a heap of small objects on 2 MiB pages with the build's
+    arena allocator, and almost none without it."""
+    if native._missing_tools():
+        pytest.skip(native._missing_tools())
+    native.build()
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONMALLOC", "GLIBC_TUNABLES")}
+
+    def huge_mb(**extra: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", "import pearl\n" + _HUGE_MB],
+            env={**base, "PEARL_NATIVE": "1", **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "could not load" not in out.stderr, out.stderr
+        return int(out.stdout)
+
+    assert huge_mb(**{native.ARENAS_ENV: "1"}) > 60  # ~300 MB here (a kernel may find fewer)
+    assert huge_mb() < 20
 
 
 def _reachable_packages(modules: tuple[str, ...], src: Path) -> set[str]:

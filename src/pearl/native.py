@@ -23,6 +23,7 @@ keeps simulations on them too. Building needs mypy (the ``dev`` extra) and a C c
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -54,6 +55,10 @@ MODULES = (
     "pearl.sim.costmodel",
 )
 PACKAGE = Path(__file__).resolve().parent  # the pearl package's sources
+# C built beside them: CPython's arenas on huge pages (``huge_arenas.c``, loaded by
+# ``activate`` where ``PEARL_HUGE_ARENAS=1``; ``pearl.apps.huge_pages`` says when).
+ARENAS_SOURCE = "huge_arenas.c"
+ARENAS_ENV = "PEARL_HUGE_ARENAS"
 MANIFEST = "manifest.json"
 KEEP_BUILDS = 4  # the newest builds kept in the cache (~3 MB each)
 
@@ -77,6 +82,7 @@ def build_key(package: Path = PACKAGE) -> str:
     h.update(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
     for module in MODULES:
         h.update(module.encode() + b"\0" + _source(module, package).read_bytes() + b"\0")
+    h.update(ARENAS_SOURCE.encode() + b"\0" + (package / ARENAS_SOURCE).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -143,13 +149,35 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
         if absent:
             shutil.rmtree(staging, ignore_errors=True)
             raise NativeBuildError(f"mypyc produced no extension for {', '.join(absent)}")
-        (staging / MANIFEST).write_text(json.dumps({"modules": files_by_name}, indent=1))
+        try:
+            arenas = _build_arenas(package / ARENAS_SOURCE, staging)
+        except NativeBuildError:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        manifest = {"modules": files_by_name, "arenas": arenas}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
             staging.rename(dest)
         except OSError:  # another process built it first
             shutil.rmtree(staging, ignore_errors=True)
     _prune(dest.parent, keep=KEEP_BUILDS)
     return dest
+
+
+def _build_arenas(source: Path, dest: Path) -> str:
+    """Compile the arena allocator into ``dest`` as a shared library; return its name."""
+    name = "huge_arenas.so"
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    include = sysconfig.get_paths()["include"]
+    run = subprocess.run(
+        [*cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(source), "-o", str(dest / name)],
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).splitlines()[-30:])
+        raise NativeBuildError(f"compiling {source.name} failed (exit {run.returncode}):\n{tail}")
+    return name
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -210,6 +238,23 @@ def activate() -> bool:
         log.warning("%s=1 but no build of these sources in %s: running Python", ENV, folder)
         return False
     sys.meta_path.insert(0, _Finder(folder, files))
+    if os.environ.get(ARENAS_ENV) == "1":
+        install_huge_arenas(folder)
+    return True
+
+
+def install_huge_arenas(folder: Path) -> bool:
+    """Allocate CPython's arenas from now on on huge pages (``huge_arenas.c``, from the build
+    in ``folder``); True if installed. Any process may call it: it changes where objects
+    live, never a result (the golden digests run with it, ``tests/test_native.py``)."""
+    try:
+        name = json.loads((folder / MANIFEST).read_text())["arenas"]
+        ctypes.PyDLL(str(folder / name)).pearl_install_huge_arenas()
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        log.warning(
+            "%s=1 but the arena allocator could not load (%s): 4 KiB pages", ARENAS_ENV, exc
+        )
+        return False
     return True
 
 

@@ -33,6 +33,15 @@ def test_malloc_on_huge_pages_where_granted_and_the_users_tunables_kept(supporte
     assert huge_page_env(theirs)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
 
 
+def test_with_a_compiled_build_cpythons_allocator_stays_on_huge_arenas(supported):
+    assert huge_page_env({}, arenas=True) == {
+        "PEARL_HUGE_ARENAS": "1",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+    }
+    assert huge_page_env({"PEARL_HUGE_PAGES": "0"}, arenas=True) == {}
+    assert huge_page_env({"PYTHONMALLOC": "malloc"}, arenas=True) == {}
+
+
 def test_nothing_when_opted_out_or_an_allocator_is_chosen_or_unsupported(supported, monkeypatch):
     assert huge_page_env({"PEARL_HUGE_PAGES": "0"}) == {}
     assert huge_page_env({"PYTHONMALLOC": "pymalloc"}) == {}

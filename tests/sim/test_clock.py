@@ -97,7 +97,10 @@ def test_the_clock_keeps_running_far_from_zero(start):
 
 
 class AsyncioPass(VirtualTimeLoop):
-    """The virtual clock with asyncio's own loop pass (``BaseEventLoop._run_once``)."""
+    """The virtual clock with asyncio's own timer heap and loop pass
+    (``BaseEventLoop.call_at``, ``BaseEventLoop._run_once``)."""
+
+    call_at = asyncio.BaseEventLoop.call_at
 
     def _run_once(self):
         asyncio.BaseEventLoop._run_once(self)
@@ -107,7 +110,8 @@ class AsyncioPass(VirtualTimeLoop):
 def test_the_loops_pass_runs_callbacks_in_asyncios_order(seed):
     """Ties (times on a 0.25 s grid), cancelled timers (most of them: asyncio purges its
     heap), timeouts, futures and zero sleeps: the same program logs the same (time, event)
-    sequence on VirtualTimeLoop as on the same loop with asyncio's pass."""
+    sequence on VirtualTimeLoop as on the same loop with asyncio's timer heap and pass (in
+    asyncio's debug mode too, for the last seed)."""
     import random
 
     def program(log):
@@ -152,6 +156,7 @@ def test_the_loops_pass_runs_callbacks_in_asyncios_order(seed):
     for cls in (VirtualTimeLoop, AsyncioPass):
         log: list = []
         loop = cls()
+        loop.set_debug(seed == 3)
         try:
             loop.run_until_complete(program(log)())
         finally:

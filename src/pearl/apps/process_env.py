@@ -13,4 +13,5 @@ from pearl.native import native_env
 
 def simulation_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables to add to ``environ`` (default: this process's) for a simulation process."""
-    return {**huge_page_env(environ), **native_env(environ)}
+    native = native_env(environ)
+    return {**huge_page_env(environ, arenas=bool(native)), **native}
