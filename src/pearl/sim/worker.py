@@ -365,25 +365,30 @@ class SimulatedWorker:
         role = self._role
         request = engine_request(turn, pin_session=pin)
         fut: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
+        admitted = [False]
 
         def apply() -> None:
             self.scheduler.add(EngineSequence(request, 0, self._now()))
             self._futures[turn.request_id] = fut
+            admitted[0] = True
 
         if self.config.request_overhead_s:
             await asyncio.sleep(self.config.request_overhead_s)
         try:
-            await self._command(apply)
+            # One future for the admission and the output: the turn's task wakes once,
+            # when the output is ready (a failed admission sets its error there).
+            self._submit(apply, fut)
+            out = await fut
         except EngineStateError:
-            if not (self._closed or self._role is not role):
-                raise  # not a race with a reconfiguration: a bug to surface
+            if admitted[0] or not (self._closed or self._role is not role):
+                raise  # stopped with the turn in flight, or not a race: a bug to surface
             # A role switch or a stop landed while the turn was on its way (the engine has
             # no KV for it in the decode role, or is gone): handed back with nothing
             # generated, as a live worker answers, and the router resumes it.
             return TurnOutput(
                 turn.request_id, turn.session_id, [], [], "abort", self.requested_version
             )
-        return self._turn_output(await fut, submitted)
+        return self._turn_output(out, submitted)
 
     def _turn_output(self, out: RequestOutput, submitted: float) -> TurnOutput:
         return turn_output(out, self.worker_id, _engine_role(self._role), submitted, self._now())
@@ -391,15 +396,26 @@ class SimulatedWorker:
     async def _command(self, apply: Callable[[], object]):
         """Run ``apply`` on the engine between iterations; return its result. Raises
         ``EngineStateError`` if the worker is (or gets) stopped first."""
-        if self._closed:
-            raise EngineStateError(f"worker {self.worker_id} is stopped")
         fut = asyncio.get_running_loop().create_future()
 
         def run() -> None:
+            fut.set_result(apply())
+
+        self._submit(run, fut)
+        return await fut
+
+    def _submit(self, apply: Callable[[], None], fut: asyncio.Future) -> None:
+        """Queue ``apply`` for the engine's next boundary; an exception it raises, or the
+        worker's stop before it runs, is set on ``fut`` (the engine keeps running)."""
+        if self._closed:
+            raise EngineStateError(f"worker {self.worker_id} is stopped")
+
+        def run() -> None:
             try:
-                fut.set_result(apply())
+                apply()
             except Exception as exc:  # delivered to the caller, the engine keeps running
-                fut.set_exception(exc)
+                if not fut.done():
+                    fut.set_exception(exc)
 
         def fail(exc: Exception) -> None:
             if not fut.done():
@@ -410,7 +426,6 @@ class SimulatedWorker:
         self._ensure_running()
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(True)
-        return await fut
 
     async def _next_boundary(self) -> None:
         """With ``calls_wait_for_iteration``, wait for the end of the iteration in progress,
