@@ -62,17 +62,18 @@ print(json.dumps(simulation_env()))
 """
 
 
-def one_run(tree: Path, workers: int, model: str, env: dict[str, str]) -> dict:
+def _run_json(code: str, args: list[str], env: dict[str, str], what: str) -> dict:
+    """Run ``code`` in a fresh interpreter with ``env``; its last line of output, as JSON."""
     proc = subprocess.run(
-        [sys.executable, "-c", _ONE_RUN, str(tree), str(workers), model],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, env=env
     )
     if proc.returncode != 0:
-        raise SystemExit(f"the run on {tree} failed:\n{proc.stderr[-4000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def one_run(tree: Path, workers: int, model: str, env: dict[str, str]) -> dict:
+    out = _run_json(_ONE_RUN, [str(tree), str(workers), model], env, f"the run on {tree}")
     if out["compiled"] != (env.get("PEARL_NATIVE") == "1"):
         raise SystemExit(
             f"the run on {tree} ran {'compiled' if out['compiled'] else 'Python'} modules, "
@@ -86,19 +87,11 @@ def tree_env(tree: Path, native: bool) -> dict[str, str]:
     build when ``native`` (built here if missing: the cache keeps only the newest few, and a
     base on its Python modules, ~1.5x slower, would look like a speed-up). Each side its
     own: a setting one tree adds may mean nothing to the other."""
-    clean = dict(os.environ)
+    env = dict(os.environ)
     if not native:
-        clean["PEARL_NATIVE"] = "0"
-    proc = subprocess.run(
-        [sys.executable, "-c", _TREE_ENV, str(tree), "1" if native else "0"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=clean,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"preparing {tree} failed:\n{proc.stderr[-4000:]}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), **clean}
+        env["PEARL_NATIVE"] = "0"
+    added = _run_json(_TREE_ENV, [str(tree), "1" if native else "0"], env, f"preparing {tree}")
+    return {**env, **added}
 
 
 def order(pairs: int) -> list[str]:
