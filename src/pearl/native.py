@@ -233,24 +233,24 @@ def activate() -> bool:
         return False
     folder = build_dir()
     try:
-        files = json.loads((folder / MANIFEST).read_text())["modules"]
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["modules"]
     except (OSError, ValueError, KeyError):
         log.warning("%s=1 but no build of these sources in %s: running Python", ENV, folder)
         return False
     sys.meta_path.insert(0, _Finder(folder, files))
     if os.environ.get(ARENAS_ENV) == "1":
-        install_huge_arenas(folder)
+        install_huge_arenas(folder / manifest.get("arenas", ARENAS_SOURCE))
     return True
 
 
-def install_huge_arenas(folder: Path) -> bool:
-    """Allocate CPython's arenas from now on on huge pages (``huge_arenas.c``, from the build
-    in ``folder``); True if installed. Any process may call it: it changes where objects
-    live, never a result (the golden digests run with it, ``tests/test_native.py``)."""
+def install_huge_arenas(library: Path) -> bool:
+    """Allocate CPython's arenas from now on on huge pages (``huge_arenas.c``, compiled into
+    ``library`` by ``build``); True if installed. Any process may call it: it changes where
+    objects live, never a result (the golden digests run with it, ``tests/test_native.py``)."""
     try:
-        name = json.loads((folder / MANIFEST).read_text())["arenas"]
-        ctypes.PyDLL(str(folder / name)).pearl_install_huge_arenas()
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        ctypes.PyDLL(str(library)).pearl_install_huge_arenas()
+    except (OSError, AttributeError) as exc:
         log.warning(
             "%s=1 but the arena allocator could not load (%s): 4 KiB pages", ARENAS_ENV, exc
         )
