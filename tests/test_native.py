@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ast
 import configparser
+import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,161 @@ def test_a_simulation_process_gets_the_compiled_engine_only_where_a_build_exists
     assert native.native_env(env) == {"PEARL_NATIVE": "1"}
     assert native.native_env({**env, "PEARL_NATIVE": "0"}) == {}  # the user's opt-out
     assert simulation_env(env) == {**huge_page_env(env, arenas=True), "PEARL_NATIVE": "1"}
+
+
+# A shared library that, once loaded, leaves a mark: what a build planted by someone else
+# would run in our process.
+_PLANTED_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    const char *mark = getenv("PLANTED_MARK");
+    FILE *f = mark ? fopen(mark, "w") : NULL;
+    if (f) { fputs("planted code ran", f); fclose(f); }
+}
+"""
+EXT = str(sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+@pytest.fixture
+def planted(tmp_path) -> Path:
+    """A compiled library of foreign code, outside any cache."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()
+    if shutil.which(compiler[0]) is None:
+        pytest.skip(f"no C compiler ({compiler[0]!r})")
+    source = tmp_path / "planted.c"
+    source.write_text(_PLANTED_C)
+    library = tmp_path / "planted.so"
+    subprocess.run([*compiler, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    return library
+
+
+def _plant_build(cache: Path, manifest: dict, library: Path) -> Path:
+    """A build folder of the current sources, laid out by hand: the manifest, and the
+    library copied to each relative path the manifest names (modules and arenas)."""
+    folder = native.build_dir({"PEARL_CACHE": str(cache)})
+    folder.mkdir(parents=True)
+    named = [*manifest.get("modules", {}).values(), manifest.get("arenas")]
+    for relative in named:
+        if isinstance(relative, str) and not Path(relative).is_absolute():
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(library, folder / relative)
+    (folder / native.MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def _origins(cache: Path, mark: Path, modules: list[str], **env: str) -> list[str]:
+    """Where a process asking for the compiled engine imports ``modules`` from, and that it
+    said why it ran Python instead; fails if the planted library ran."""
+    code = "import importlib, pearl\n" + "".join(
+        f"print(importlib.import_module({m!r}).__file__)\n" for m in modules
+    )
+    run = _python(code, PEARL_NATIVE="1", PEARL_CACHE=str(cache), PLANTED_MARK=str(mark), **env)
+    assert not mark.exists(), "the planted library ran in a process that imported pearl"
+    assert run.returncode == 0, run.stderr
+    assert "build is not loaded" in run.stderr, run.stderr
+    return run.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["another module", "an absolute path", "a path leaving the folder", "a symlink out", "arenas"],
+)
+def test_a_planted_manifest_loads_no_module_it_should_not_hold_nor_a_file_outside(
+    tmp_path, planted, case
+):
+    """A manifest in the cache (writable by whoever planted it there) may name only the
+    modules a build holds, each at its own place inside the folder: pearl.cli replaced by
+    a foreign library, or a module (or the arena library) loaded from elsewhere, is refused
+    and the Python modules run."""
+    worker = f"pearl/sim/worker{EXT}"
+    manifests = {
+        "another module": {"modules": {"pearl.cli": f"pearl/cli{EXT}"}},
+        "an absolute path": {"modules": {"pearl.sim.worker": str(planted)}},
+        "a path leaving the folder": {"modules": {"pearl.sim.worker": f"../../../{worker}"}},
+        "a symlink out": {"modules": {"pearl.sim.worker": worker}},
+        "arenas": {"modules": {}, "arenas": str(planted)},
+    }
+    cache = tmp_path / "cache"
+    folder = _plant_build(cache, manifests[case], planted)
+    if case == "a symlink out":
+        (folder / worker).unlink()
+        (folder / worker).symlink_to(planted)
+    files = _origins(
+        cache,
+        tmp_path / "mark",
+        ["pearl.cli", "pearl.sim.worker"],
+        **{native.ARENAS_ENV: "1"},
+    )
+    assert files == [str(native.PACKAGE / "cli.py"), str(native.PACKAGE / "sim" / "worker.py")]
+
+
+def test_a_build_others_could_write_or_that_is_not_ours_is_refused(tmp_path, planted):
+    """The same build (the layout ``build`` writes) is loaded only while nobody but this
+    user could have written it: its folder, subfolders and files, and the folders above it."""
+    worker = f"pearl/sim/worker{EXT}"
+    cache = tmp_path / "cache"
+    folder = _plant_build(cache, {"modules": {"pearl.sim.worker": worker}}, planted)
+
+    def loads() -> bool:
+        code = "import importlib.util, pearl; print(importlib.util.find_spec('pearl.sim.worker').origin)"
+        run = _python(code, PEARL_NATIVE="1", PEARL_CACHE=str(cache))
+        assert run.returncode == 0, run.stderr
+        if run.stdout.strip() == str(folder / worker):
+            return True
+        assert run.stdout.strip() == str(native.PACKAGE / "sim" / "worker.py")
+        assert "build is not loaded" in run.stderr, run.stderr
+        return False
+
+    assert loads()  # this user's, writable by this user only: the build is used
+    for path, mode, restore in [
+        (folder, 0o777, 0o755),
+        (folder / worker, 0o757, 0o755),
+        (folder / "pearl" / "sim", 0o775, 0o755),
+        (folder / native.MANIFEST, 0o666, 0o644),
+        (folder.parent, 0o777, 0o755),  # others could swap the build for theirs
+    ]:
+        path.chmod(mode)
+        assert not loads(), f"loaded with {path} at mode {oct(mode)}"
+        path.chmod(restore)
+    folder.parent.chmod(0o1777)  # sticky, as /tmp: others may not move our build
+    assert loads()
+    folder.parent.chmod(0o755)
+    if os.getuid() != 0:
+        return  # giving a file to another user needs root
+    for path in (folder, folder / worker, folder / native.MANIFEST):
+        os.chown(path, 65534, -1)
+        assert not loads(), f"loaded with {path} owned by uid 65534"
+        os.chown(path, 0, -1)
+    assert loads()
+
+
+def test_a_build_that_is_not_trusted_is_neither_offered_nor_reused(tmp_path):
+    """A simulation's processes are not told to load it (one warning here, not one per
+    process) and ``build`` says why it will not use it instead of returning it."""
+    env = {"PEARL_CACHE": str(tmp_path)}
+    folder = native.build_dir(env)
+    folder.mkdir(parents=True)
+    (folder / native.MANIFEST).write_text('{"modules": {}}')
+    assert native.native_env(env) == {"PEARL_NATIVE": "1"}
+    folder.chmod(0o777)
+    assert native.native_env(env) == {}
+    with pytest.raises(native.NativeBuildError, match="will not be loaded: .* writable by"):
+        native.build(env)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a build to another user needs root")
+def test_pruning_removes_only_this_users_builds(tmp_path):
+    """Several users may share a cache: each prunes its own builds, oldest first."""
+    builds = {}
+    for age, name in enumerate(["newest", "older", "another users oldest"]):
+        builds[name] = tmp_path / name
+        builds[name].mkdir()
+        (builds[name] / native.MANIFEST).write_text('{"modules": {}}')
+        os.utime(builds[name], (1e9 - age, 1e9 - age))
+    os.chown(builds["another users oldest"], 65534, -1)
+    native._prune(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["another users oldest", "newest"]
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:

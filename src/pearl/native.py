@@ -19,6 +19,15 @@ simulations (``pearl simulate``'s and ``pearl plan``'s pool, Ray tasks, the benc
 Everything else, the live engine included, runs the Python modules. ``PEARL_NATIVE=0``
 keeps simulations on them too. Building needs mypy (the ``dev`` extra) and a C compiler;
 ``scripts/env.sh`` builds when both are there, ``python -m pearl.native`` on demand.
+
+A build is code this process runs, so it is loaded only when no one else could have put
+it there (``trusted_build``): the folder, every folder above it and every file it loads
+belong to this user (or root, above the build) and are writable by no one else (a sticky
+folder such as /tmp may be), the manifest names only the modules a build holds
+(``MODULES``, mypyc's runtime library of them, the arena library), each at the path
+``build`` gives it inside the folder, and no symlink is followed inside it. Anything else
+is ignored with one warning, and the Python modules run (docs/cluster.md, "Shared
+caches").
 """
 
 from __future__ import annotations
@@ -32,12 +41,15 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.models import catalog
@@ -58,13 +70,31 @@ PACKAGE = Path(__file__).resolve().parent  # the pearl package's sources
 # C built beside them: CPython's arenas on huge pages (``huge_arenas.c``, loaded by
 # ``activate`` where ``PEARL_HUGE_ARENAS=1``; ``pearl.apps.huge_pages`` says when).
 ARENAS_SOURCE = "huge_arenas.c"
+ARENAS_LIBRARY = "huge_arenas.so"
 ARENAS_ENV = "PEARL_HUGE_ARENAS"
+# mypyc's C runtime for a build of several modules, imported by each of them: named
+# ``<20 hex digits of a hash of the modules' names>__mypyc``, at the top of the build.
+_RUNTIME_LIBRARY = re.compile(r"[0-9a-f]{20}__mypyc")
 MANIFEST = "manifest.json"
 KEEP_BUILDS = 4  # the newest builds kept in the cache (~3 MB each)
 
 
 class NativeBuildError(RuntimeError):
     """The compiled modules could not be built (what was missing, or the compiler's output)."""
+
+
+class UntrustedBuild(RuntimeError):
+    """A build folder this process will not run code from (what is wrong, and where)."""
+
+
+@dataclass(slots=True, frozen=True)
+class TrustedBuild:
+    """A build checked by ``trusted_build``: its extension modules' files by module name,
+    and its arena library's file (None: the build has none)."""
+
+    folder: Path
+    modules: dict[str, Path]
+    arenas: Path | None
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -91,8 +121,95 @@ def build_dir(environ: Mapping[str, str] | None = None, package: Path = PACKAGE)
 
 
 def built(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether a build of the current sources exists."""
+    """Whether a build of the current sources exists (trusted or not: ``trusted_build``)."""
     return (build_dir(environ) / MANIFEST).is_file()
+
+
+def _module_file(module: str) -> str | None:
+    """Where ``build`` puts a module's extension inside its folder; None for a name that no
+    build holds."""
+    if module not in MODULES and not _RUNTIME_LIBRARY.fullmatch(module):
+        return None
+    return "/".join(module.split(".")) + str(sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def _writable_by_others(mode: int) -> bool:
+    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _check_ancestors(folder: Path) -> None:
+    """Nobody else can rename or replace anything on the way to ``folder`` (resolved):
+    each folder above it belongs to this user or root and is writable by no one else,
+    unless sticky (/tmp: others may add entries there, not move or remove ours)."""
+    uid = os.getuid()
+    for above in folder.parents:
+        info = above.stat()
+        if info.st_uid not in (uid, 0):
+            raise UntrustedBuild(f"{above} (above the build) belongs to uid {info.st_uid}")
+        if _writable_by_others(info.st_mode) and not info.st_mode & stat.S_ISVTX:
+            raise UntrustedBuild(
+                f"{above} (above the build) is writable by others "
+                f"(mode {stat.filemode(info.st_mode)}, and not sticky)"
+            )
+
+
+def _check_owned(path: Path, kind: str) -> None:
+    """``path`` is a ``kind`` ("file" or "folder", never a symlink) of this user's that no
+    one else may write."""
+    info = path.lstat()
+    is_kind = stat.S_ISREG if kind == "file" else stat.S_ISDIR
+    if not is_kind(info.st_mode):
+        raise UntrustedBuild(f"{path} is not a plain {kind} ({stat.filemode(info.st_mode)})")
+    if info.st_uid != os.getuid():
+        raise UntrustedBuild(
+            f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        )
+    if _writable_by_others(info.st_mode):
+        raise UntrustedBuild(
+            f"{path} is writable by its group or others (mode {stat.filemode(info.st_mode)})"
+        )
+
+
+def _checked_file(folder: Path, relative: object, expected: str, what: str) -> Path:
+    """The file a manifest names for ``what``: exactly where ``build`` puts it (``expected``,
+    relative to ``folder``), through folders of this user's, itself one."""
+    if relative != expected:
+        raise UntrustedBuild(
+            f"{folder / MANIFEST} puts {what} at {relative!r}; a build puts it at {expected!r}"
+        )
+    path = folder
+    for part in Path(expected).parts[:-1]:
+        path = path / part
+        _check_owned(path, "folder")
+    _check_owned(folder / expected, "file")
+    return folder / expected
+
+
+def trusted_build(folder: Path) -> TrustedBuild:
+    """The build in ``folder``, checked to be this user's own (the module's docstring says
+    what is checked). Raises ``UntrustedBuild`` saying what is wrong, ``OSError`` (as
+    ``FileNotFoundError``) where there is no build, ``ValueError`` for an unreadable one."""
+    folder = folder.resolve(strict=True)
+    _check_ancestors(folder)
+    _check_owned(folder, "folder")
+    _check_owned(folder / MANIFEST, "file")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    listed = manifest.get("modules") if isinstance(manifest, dict) else None
+    if not isinstance(listed, dict):
+        raise ValueError(f"{folder / MANIFEST} has no 'modules' mapping")
+    modules = {}
+    for module, relative in listed.items():
+        expected = _module_file(module)
+        if expected is None:
+            raise UntrustedBuild(
+                f"{folder / MANIFEST} names module {module!r}, which no build holds "
+                f"(only {', '.join(MODULES)} and mypyc's runtime library)"
+            )
+        modules[module] = _checked_file(folder, relative, expected, f"module {module!r}")
+    arenas = None
+    if "arenas" in manifest:
+        arenas = _checked_file(folder, manifest["arenas"], ARENAS_LIBRARY, "the arena library")
+    return TrustedBuild(folder, modules, arenas)
 
 
 def _missing_tools() -> str | None:
@@ -113,6 +230,13 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
     Raises ``NativeBuildError`` saying what is missing or how the compiler failed."""
     dest = build_dir(environ, package)
     if (dest / MANIFEST).is_file():
+        try:
+            trusted_build(dest)
+        except (UntrustedBuild, OSError, ValueError) as exc:
+            raise NativeBuildError(
+                f"a build of these sources is in {dest} but will not be loaded: {exc}. "
+                "Remove it if it is yours, or build in a cache of your own (PEARL_CACHE)"
+            ) from None
         return dest
     missing = _missing_tools()
     if missing:
@@ -156,6 +280,7 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
             raise
         manifest = {"modules": files_by_name, "arenas": arenas}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _writable_by_owner_only(staging)
         try:
             staging.rename(dest)
         except OSError:  # another process built it first
@@ -164,9 +289,18 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
     return dest
 
 
+def _writable_by_owner_only(folder: Path) -> None:
+    """Clear the group's and others' write bits under ``folder``: a umask of 002 (common
+    where each user has a group of their own) would leave the build refused when loaded."""
+    for path in (folder, *folder.rglob("*")):
+        mode = path.lstat().st_mode
+        if not stat.S_ISLNK(mode):
+            path.chmod(stat.S_IMODE(mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
 def _build_arenas(source: Path, dest: Path) -> str:
     """Compile the arena allocator into ``dest`` as a shared library; return its name."""
-    name = "huge_arenas.so"
+    name = ARENAS_LIBRARY
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     include = sysconfig.get_paths()["include"]
     run = subprocess.run(
@@ -181,9 +315,15 @@ def _build_arenas(source: Path, dest: Path) -> str:
 
 
 def _prune(root: Path, keep: int) -> None:
-    """Remove all but the ``keep`` newest builds (one per source version built)."""
+    """Remove all but the ``keep`` newest of this user's builds (one per source version
+    built); other users' builds in a shared cache are theirs to prune."""
+    uid = os.getuid()
     builds = sorted(
-        (p for p in root.iterdir() if (p / MANIFEST).is_file()),
+        (
+            p
+            for p in root.iterdir()
+            if not p.is_symlink() and p.lstat().st_uid == uid and (p / MANIFEST).is_file()
+        ),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
@@ -204,10 +344,10 @@ def _not_sources(folder: str, names: list[str]) -> list[str]:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds the compiled modules (and the shared library they load) in a build folder."""
+    """Finds the compiled modules (and the shared library they load) in a checked build."""
 
-    def __init__(self, folder: Path, files: Mapping[str, str]) -> None:
-        self.files = {name: folder / rel for name, rel in files.items()}
+    def __init__(self, files: Mapping[str, Path]) -> None:
+        self.files = dict(files)
 
     def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
         file = self.files.get(fullname)
@@ -219,11 +359,24 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def native_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{PEARL_NATIVE: "1"}`` for a process that should simulate on the compiled modules:
-    when a build of the current sources exists and the user did not set ``PEARL_NATIVE=0``."""
+    when a build of the current sources exists, is this user's own (``trusted_build``; else
+    one warning here, not one per process) and the user did not set ``PEARL_NATIVE=0``."""
     env = os.environ if environ is None else environ
     if env.get(ENV) == "0" or not built(env):
         return {}
+    try:
+        trusted_build(build_dir(env))
+    except (UntrustedBuild, OSError, ValueError) as exc:
+        log.warning(_REFUSED, exc)
+        return {}
     return {ENV: "1"}
+
+
+_REFUSED = (
+    "the compiled engine's build is not loaded, simulations run the Python modules: %s. "
+    "Remove the build if it is yours (python -m pearl.native builds it again), or point "
+    "PEARL_CACHE at a folder of your own"
+)
 
 
 def activate() -> bool:
@@ -233,21 +386,24 @@ def activate() -> bool:
         return False
     folder = build_dir()
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["modules"]
-    except (OSError, ValueError, KeyError):
+        checked = trusted_build(folder)
+    except UntrustedBuild as exc:
+        log.warning(_REFUSED, exc)
+        return False
+    except (OSError, ValueError):
         log.warning("%s=1 but no build of these sources in %s: running Python", ENV, folder)
         return False
-    sys.meta_path.insert(0, _Finder(folder, files))
-    if os.environ.get(ARENAS_ENV) == "1":
-        install_huge_arenas(folder / manifest.get("arenas", ARENAS_SOURCE))
+    sys.meta_path.insert(0, _Finder(checked.modules))
+    if os.environ.get(ARENAS_ENV) == "1" and checked.arenas is not None:
+        install_huge_arenas(checked.arenas)
     return True
 
 
 def install_huge_arenas(library: Path) -> bool:
     """Allocate CPython's arenas from now on on huge pages (``huge_arenas.c``, compiled into
-    ``library`` by ``build``); True if installed. Any process may call it: it changes where
-    objects live, never a result (the golden digests run with it, ``tests/test_native.py``)."""
+    ``library`` by ``build``; ``activate`` passes the one ``trusted_build`` checked); True if
+    installed. Any process may call it: it changes where objects live, never a result (the
+    golden digests run with it, ``tests/test_native.py``)."""
     try:
         ctypes.PyDLL(str(library)).pearl_install_huge_arenas()
     except (OSError, AttributeError) as exc:
