@@ -384,29 +384,6 @@ def test_every_decode_vllm_reports_gets_a_context_the_fit_can_price():
     assert server._iteration_log[2][1] == [1, 1]
 
 
-def test_kv_folders_of_dead_vllm_servers_are_removed_and_live_ones_kept(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from pearl.live.vllm_server import _kv_folder
-
-    gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    dead = (
-        tmp_path / f"pearl-kv-{int(gone.stdout)}-w0-abc"
-    )  # a killed worker's: its process is gone
-    alive = tmp_path / f"pearl-kv-{os.getpid()}-w1-def"
-    other = tmp_path / "pearl-kv-w2-ghi"  # not named by a process: not ours to judge
-    for folder in (dead, alive, other):
-        folder.mkdir()
-        (folder / "0.safetensors").write_bytes(b"kv")
-    made = _kv_folder("w3", str(tmp_path))
-    assert not dead.exists() and alive.exists() and other.exists()
-    assert os.path.basename(made).startswith(f"pearl-kv-{os.getpid()}-w3-")
-
-
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
 @pytest.mark.parametrize(
     "policy, env",

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import glob
 import itertools
 import logging
 import os
@@ -45,6 +44,7 @@ from pearl.engine.config import EngineConfig
 from pearl.engine.kv_transfer import KVChunk, token_digest
 from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
 from pearl.live.server import ModelSpec
+from pearl.live.shared_folder import OwnedFolder, remove_abandoned
 from pearl.live.vllm_session_kv import SessionKV, model_identity
 from pearl.live.vllm_setup import engine_args
 
@@ -79,7 +79,8 @@ class VllmServer:
         self.model_id, self._geometry = model_identity(model.folder)
         self._dtype = engine_config.dtype
         self._block_size = engine_config.block_size
-        self._kv_dir = _kv_folder(worker_id)
+        self._kv_folder = _kv_folder(worker_id)
+        self._kv_dir = self._kv_folder.path
         self._file_ids = itertools.count()
         self._prefilled: dict[str, SessionKV] = {}  # prefill role: each session's last prompt
         self._held: dict[str, SessionKV] = {}  # decode role: each session's imported KV
@@ -479,21 +480,22 @@ class VllmServer:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-        shutil.rmtree(self._kv_dir, ignore_errors=True)
+        self._kv_folder.remove()
 
 
-def _kv_folder(worker_id: str, where: str | None = None) -> str:
+KV_FOLDER_PREFIX = "pearl-kv-"
+
+
+def _kv_folder(worker_id: str, where: str | None = None) -> OwnedFolder:
     """A new folder for the files that cross between this process and vLLM's engine
-    process (sessions' KV, weights being installed), in memory-backed /dev/shm where there
-    is one with room. Its name carries this process's
-    id; folders left by servers whose process is gone (killed workers never shut down)
-    are removed first, so restarted workers do not fill the host's shared memory."""
+    process (sessions' KV, weights being installed, its IPC sockets), in memory-backed
+    /dev/shm where there is one with room, locked by this process while it lives. Folders
+    left by servers that are gone (killed workers never shut down) are removed first, so
+    restarted workers do not fill the host's shared memory; a live server's, in this
+    container or another sharing /dev/shm, is kept (``pearl.live.shared_folder``)."""
     where = where or _shared_dir()
-    for left in glob.glob(os.path.join(where, "pearl-kv-*")):
-        pid = os.path.basename(left).split("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"pearl-kv-{os.getpid()}-{worker_id}-", dir=where)
+    remove_abandoned(where, KV_FOLDER_PREFIX)
+    return OwnedFolder.create(where, KV_FOLDER_PREFIX, worker_id)
 
 
 @contextlib.contextmanager
@@ -526,16 +528,6 @@ def _shared_dir(where: str = "/dev/shm") -> str:
     if os.path.isdir(where) and shutil.disk_usage(where).free >= SHARED_MIN_FREE_BYTES:
         return where
     return tempfile.gettempdir()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # PermissionError: another user's process, alive
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def sampled_logprobs(request_id: str, tokens: list[int], logprobs: Any) -> list[float]:
