@@ -7,10 +7,9 @@ so each new server first removes the abandoned ones. A process id is no proof of
 containers sharing /dev/shm (Docker ``--ipc=host``, common with vLLM) see each other's
 files but not each other's processes. A lock is: the owner holds ``flock(LOCK_EX)`` on the
 folder's lock file for as long as it lives (the kernel drops it when the process ends,
-however it ends; a forked child such as vLLM's engine process holds it too), and a
-cleaner removes a folder only once it has taken that lock itself, without waiting
-(``LOCK_EX | LOCK_NB``). flock is kept on the file, whatever PID namespace its holders
-run in.
+however it ends; a child it forks without exec holds it too), and a cleaner removes a
+folder only once it has taken that lock itself, without waiting (``LOCK_EX | LOCK_NB``).
+flock is kept on the file, whatever PID namespace its holders run in.
 """
 
 from __future__ import annotations
