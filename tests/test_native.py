@@ -196,6 +196,20 @@ def test_a_build_that_is_not_trusted_is_neither_offered_nor_reused(tmp_path):
         native.build(env)
 
 
+def test_the_folders_a_build_makes_are_writable_by_their_owner_only_whatever_the_umask(
+    tmp_path,
+):
+    """Under a umask of 002 (a group per user) ``mkdir -p`` makes group-writable folders,
+    which the loader refuses: the cache's folders are made 0755."""
+    previous = os.umask(0o002)
+    try:
+        native._make_folders(tmp_path / "cache" / "native")
+    finally:
+        os.umask(previous)
+    for folder in (tmp_path / "cache", tmp_path / "cache" / "native"):
+        assert folder.stat().st_mode & 0o777 == 0o755, folder
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="giving a build to another user needs root")
 def test_pruning_removes_only_this_users_builds(tmp_path):
     """Several users may share a cache: each prunes its own builds, oldest first."""

@@ -148,7 +148,7 @@ def _check_ancestors(folder: Path) -> None:
             raise UntrustedBuild(f"{above} (above the build) belongs to uid {info.st_uid}")
         if _writable_by_others(info.st_mode) and not info.st_mode & stat.S_ISVTX:
             raise UntrustedBuild(
-                f"{above} (above the build) is writable by others "
+                f"{above} (above the build) is writable by its group or others "
                 f"(mode {stat.filemode(info.st_mode)}, and not sticky)"
             )
 
@@ -241,7 +241,7 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
     missing = _missing_tools()
     if missing:
         raise NativeBuildError(f"cannot build pearl's compiled modules: {missing}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_folders(dest.parent)
     with tempfile.TemporaryDirectory(prefix="pearl-native-") as tmp:
         # A copy of the package: mypyc type-checks the modules with what they import and
         # writes its extensions next to the sources it compiled.
@@ -287,6 +287,14 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
             shutil.rmtree(staging, ignore_errors=True)
     _prune(dest.parent, keep=KEEP_BUILDS)
     return dest
+
+
+def _make_folders(folder: Path) -> None:
+    """``mkdir -p`` with each new folder writable by its owner only (``mkdir -p`` gives the
+    ones above the last the umask's mode: group-writable under 002, then refused)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir(mode=0o755, exist_ok=True)
 
 
 def _writable_by_owner_only(folder: Path) -> None:
