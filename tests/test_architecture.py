@@ -17,6 +17,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pearl"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "token_runs": set(),  # token sequences as runs over id walks (the simulator's contexts)
+    "redaction": set(),  # secrets out of configs written or logged
+    "durable_files": set(),  # files whole or untouched on a full disk
     "native": {"models"},  # the engine compiled (imported by pearl/__init__); the cache root
     "models": {"errors"},
     "engine": {"models", "errors", "token_runs"},
@@ -35,25 +37,45 @@ ALLOWED: dict[str, set[str]] = {
         "errors",
         "token_runs",
     },
-    "live": {"control", "engine", "engine_turns", "envs", "models", "workloads", "errors"},
-    "config": {"control", "workloads", "errors"},
-    "report": {"control", "errors"},
+    "live": {
+        "control",
+        "durable_files",
+        "engine",
+        "engine_turns",
+        "envs",
+        "models",
+        "workloads",
+        "errors",
+    },
+    "config": {"control", "workloads", "errors", "redaction"},
+    "report": {"control", "durable_files", "errors", "redaction"},
     "apps": {
         "agents",
         "native",
         "config",
         "control",
+        "durable_files",
         "engine",
         "engine_turns",
         "envs",
         "errors",
         "live",
         "models",
+        "redaction",
         "report",
         "sim",
         "workloads",
     },
-    "cli": {"apps", "config", "control", "errors", "models", "report", "workloads"},
+    "cli": {
+        "apps",
+        "config",
+        "control",
+        "durable_files",
+        "errors",
+        "models",
+        "report",
+        "workloads",
+    },
 }
 
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pearl.errors import ConfigError
+from pearl.redaction import REDACTED, is_secret_key, redact_secrets, redacted_keys
 
 
 class _Section(BaseModel):
@@ -158,6 +159,14 @@ def load_config(
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
     raw = apply_overrides(raw, overrides or [])
+    secrets = redacted_keys(raw)
+    if secrets:  # a run folder's config.yaml: its secrets were not saved
+        again = " ".join(f"{key}=..." for key in secrets)
+        raise ConfigError(
+            f"{source}: {', '.join(secrets)} {'is' if len(secrets) == 1 else 'are'} "
+            f"{REDACTED!r}: run folders keep no secrets; "
+            f"pass it again on the command line ({again})"
+        )
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -169,7 +178,12 @@ def load_config(
                 section = _section_of(model, err["loc"][:-1])
                 valid = ", ".join(section.model_fields) if section else ""
                 msg = f"unknown key; valid keys here: {valid}"
-            lines.append(f"  {where}: {msg} (got {err.get('input')!r})")
+            shown = err.get("input")  # a secret is not echoed to the terminal
+            if err["loc"] and is_secret_key(str(err["loc"][-1])):
+                shown = REDACTED
+            else:
+                shown = redact_secrets(shown)
+            lines.append(f"  {where}: {msg} (got {shown!r})")
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines)) from None
 
 
@@ -184,14 +198,16 @@ def _section_of(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
 
 
 def dump_config(cfg: BaseModel) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """A config as a run folder's ``config.yaml``: YAML, its secrets ``<redacted>``
+    (``pearl.redaction``; ``load_config`` asks for them again)."""
+    return yaml.safe_dump(redact_secrets(cfg.model_dump(mode="json")), sort_keys=False)
 
 
 def annotated_defaults(model: type[BaseModel], title: str) -> str:
     """A config class's defaults as YAML, each key commented with what it means and its
     bounds: what ``pearl config show`` prints, a valid config file as it stands."""
     lines = [f"# {title}", "# Any key can be overridden on the command line as section.key=value."]
-    defaults = model().model_dump(mode="json")
+    defaults = redact_secrets(model().model_dump(mode="json"))
 
     def emit(cls: type[BaseModel], values: dict[str, Any], indent: str) -> None:
         for name, field in cls.model_fields.items():

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("wandb")
 
 from google.protobuf.message import DecodeError  # noqa: E402
-from wandb_records import history  # noqa: E402
+from wandb_records import config, history  # noqa: E402
 
 from pearl.report.wandb_log import WandbLog, wandb_mode  # noqa: E402
 
@@ -34,6 +34,43 @@ def test_offline_run_keeps_every_finite_scalar_per_prefix_step(tmp_path, monkeyp
         {"train/loss": 1.0, "train/reward_mean": 0.5, "train/step": 1},
         {"eval_after/success_rate": 0.5, "eval_after/step": 2},
     ]
+
+
+def test_wandb_receives_the_run_config_without_its_secrets(tmp_path, monkeypatch):
+    """An agent run's ``env.options.api_key`` (and any secret-named key) reaches W&B as
+    ``<redacted>``: the key is in no file W&B keeps for upload."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    key = "sk-live-0123456789abcdef"
+    options = {"agent": "pkg.mod:fn", "api_key": key, "kwargs": {"hf_token": key, "turns": 2}}
+    log = WandbLog(
+        tmp_path, "pearl-test", "secrets", {"env": {"name": "agent", "options": options}}
+    )
+    log.scalars("train", {"loss": 1.0}, 0)
+    log.close()
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60  # W&B's service process may still be writing (above)
+    while not _config_so_far(run_file) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert config(run_file) == {
+        "env": {
+            "name": "agent",
+            "options": {
+                "agent": "pkg.mod:fn",
+                "api_key": "<redacted>",
+                "kwargs": {"hf_token": "<redacted>", "turns": 2},
+            },
+        }
+    }
+    kept = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert kept and not [p for p in kept if key.encode() in p.read_bytes()]
+
+
+def _config_so_far(run_file):
+    try:
+        return config(run_file)
+    except DecodeError:  # a record still being written
+        return {}
 
 
 def _history_so_far(run_file):

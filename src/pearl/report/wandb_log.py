@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pearl.errors import ConfigError
+from pearl.redaction import redact_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ def wandb_mode() -> str:
 
 
 class WandbLog:
+    """Scalars to a W&B run under ``folder``; the run's config is ``config`` with its
+    secrets redacted (``pearl.redaction``): W&B never receives an API key."""
+
     def __init__(self, folder: str | Path, project: str, name: str, config: dict) -> None:
         try:
             import wandb
@@ -45,7 +49,7 @@ class WandbLog:
             ) from None
         mode = wandb_mode()
         self.run: Any = wandb.init(
-            project=project, name=name, dir=str(folder), config=config, mode=mode
+            project=project, name=name, dir=str(folder), config=redact_secrets(config), mode=mode
         )
         self.prefixes: set[str] = set()
         logger.info(f"Weights & Biases: run {name} in project {project} ({mode})")
