@@ -168,6 +168,7 @@ def train(
     (e.g. run.steps=5 rollout.workers=2 env.name=guess); every key: pearl config show train."""
     from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.durable_files import disk_full_error, disk_full_message
     from pearl.errors import PearlError, RunStopped
 
     try:
@@ -185,6 +186,12 @@ def train(
         raise typer.Exit(code=130) from None
     except (PearlError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    except OSError as exc:  # a full disk before the run had a folder to resume from
+        full = disk_full_error(exc)
+        if full is None:
+            raise
+        typer.echo(f"error: the disk is full: {disk_full_message(full, Path.cwd())}", err=True)
         raise typer.Exit(code=2) from None
     print(f"run folder: {outcome['run_dir']}")
 

@@ -3,6 +3,7 @@ the control plane's router and pipeline, episodes of the calculator task, weight
 metrics, checkpoints and resume."""
 
 import asyncio
+import errno
 import json
 import os
 import shlex
@@ -564,6 +565,71 @@ def test_ctrl_c_or_sigterm_stops_training_and_says_how_to_continue(chat_model, t
     assert summary["complete"] is False and summary["last_checkpoint"]
 
     assert not wait_until_gone(started, 30), "processes of the run outlived it"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_a_full_disk_stops_training_with_one_line_naming_it_and_the_resume_command(
+    chat_model, tmp_path
+):
+    """The run folder's disk (a 64 MiB tmpfs) fills mid-run: `pearl train` exits 2 with one
+    line naming the disk and the command that continues from the last checkpoint, no
+    traceback; metrics.jsonl holds whole lines, no half-written checkpoint is left, and
+    none of the run's processes outlive it."""
+    from full_disk import fill, small_disk
+    from procfs import process_tree, wait_until_gone
+
+    with small_disk(tmp_path / "disk", size="64m") as disk:
+        proc = start_training_until_checkpoint(chat_model, disk, "d", steps=200, version=1)
+        try:
+            started = process_tree(proc.pid) - {proc.pid}
+            fill(disk)
+            out, err = proc.communicate(timeout=180)
+        finally:
+            stop_process(proc)
+        assert proc.returncode == 2, out + err
+        assert "Traceback" not in err, err
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert "No space left on device" in line and f"file system {disk}:" in line, line
+        command = shlex.split(line.split("continue from ", 1)[1].split(" with: ", 1)[1])
+        resume = Path(command[command.index("--resume") + 1])
+        assert (resume / "optimizer" / "trainer.json").is_file()
+        folder = disk / "d"
+        for name in ("metrics.jsonl", "events.jsonl", "rollouts.jsonl"):
+            text = (folder / name).read_text()
+            assert not text or text.endswith("\n"), name
+            [json.loads(x) for x in text.splitlines()]  # every line whole
+        assert not list((folder / "checkpoints").glob("*.tmp"))
+        assert not list((folder / "checkpoints").glob("*.old"))
+        assert not wait_until_gone(started, 30), "processes of the run outlived it"
+
+
+def test_closing_a_run_tries_every_step_and_raises_the_first_failure(tmp_path):
+    """A run folder that cannot be closed does not leave the actors running: the steps after
+    it still run, each failure is told, and the first is the one raised."""
+    from pearl.apps.train.run import run_every_step
+    from pearl.report.run_folder import RunFolder
+
+    folder = RunFolder(tmp_path, "r")
+    folder.close()
+    done: list[str] = []
+    told: list[str] = []
+
+    def full_disk() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder.path / "tb"))
+
+    steps = [
+        ("close the run folder", lambda: folder.summary({"x": object()})),  # TypeError
+        ("kill the rollout workers", lambda: done.append("workers")),
+        ("close ScalarLog", full_disk),
+        ("kill the trainer", lambda: done.append("trainer")),
+    ]
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        run_every_step(steps, told.append)
+    assert done == ["workers", "trainer"]
+    assert [t.split(":")[0] for t in told] == [
+        "close the run folder failed",
+        "close ScalarLog failed",
+    ]
 
 
 def test_an_installed_environment_package_trains_by_its_entry_point_name(chat_model, tmp_path):

@@ -2,10 +2,12 @@
 with the engine, a step that lowers the loss, checkpoints that resume exactly."""
 
 import dataclasses
+import errno
 import math
 
 import pytest
 import torch
+from full_disk import small_disk
 from tiny_model import tiny_model
 
 from pearl.control.interfaces import TrainBatch, TrainSample
@@ -344,6 +346,30 @@ def test_a_failed_background_write_raises_at_the_next_save(tmp_path):
         trainer.flush()
     trainer.save(tmp_path / "v0")  # the trainer stays usable
     assert (tmp_path / "v0" / "optimizer" / "trainer.json").is_file()
+
+
+def test_a_checkpoint_that_fills_the_disk_leaves_no_half_folder(tmp_path):
+    """A checkpoint runs out of space half way (a tmpfs with room for one and a half): an
+    ``OSError`` (ENOSPC) naming the checkpoint, no ``v1`` nor ``v1.tmp`` left behind, the
+    previous checkpoint whole, and the trainer writes again once there is room."""
+    trainer = GRPOTrainer(ModelSpec(config=LLAMA, seed=0), TrainerConfig())
+    trainer.save(tmp_path / "size")
+    size = sum(f.stat().st_size for f in (tmp_path / "size").rglob("*") if f.is_file())
+    with small_disk(tmp_path / "disk", size=f"{size * 3 // 2 // 4096 * 4096}") as disk:
+        trainer.save(disk / "v0")
+        with pytest.raises(OSError, match=r"checkpoint .*v1 \(weights v0\) could not") as full:
+            trainer.save(disk / "v1")
+        assert full.value.errno == errno.ENOSPC
+        assert sorted(p.name for p in disk.iterdir()) == ["v0"]
+        again = GRPOTrainer(ModelSpec(config=LLAMA, seed=1), TrainerConfig())
+        again.load(disk / "v0")  # whole
+        for (name, a), (_, b) in zip(
+            again.model.named_parameters(), trainer.model.named_parameters(), strict=True
+        ):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+        (disk / "v0" / "model.safetensors").unlink()  # room for one more
+        trainer.save(disk / "v1")
+        assert (disk / "v1" / "optimizer" / "trainer.json").is_file()
 
 
 @pytest.mark.parametrize("updates", [(1, 1), (2, 2)], ids=["one-update", "epochs-mini-batches"])

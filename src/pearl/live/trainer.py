@@ -779,33 +779,31 @@ def _write_checkpoint(
 ) -> None:
     """``GRPOTrainer.save``'s files from a snapshot: a model folder engines can load, with
     the optimizer in a subfolder (and LoRA's adapters in ``adapter/``, PEFT's format);
-    whole or not at all (temp folder, then rename)."""
-    import shutil
-
+    whole or not at all (``<folder>.tmp``, fsync'd, then renamed; removed on failure).
+    A full disk raises the ``OSError`` (the run says which disk); anything else
+    ``CheckpointError``."""
     from safetensors.torch import save_file
 
+    from pearl.durable_files import disk_full_error, folder_written_whole
     from pearl.models.loader import save_state
 
-    tmp = folder.with_name(folder.name + ".tmp")
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # an earlier write that did not finish
-        save_state(config, weights, tmp)
-        (tmp / "optimizer").mkdir()
-        save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
-        (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
-        if adapter is not None:
-            (tmp / "adapter").mkdir()
-            save_file(adapter[0], str(tmp / "adapter" / "adapter_model.safetensors"))
-            (tmp / "adapter" / "adapter_config.json").write_text(adapter[1])
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
+        with folder_written_whole(folder) as tmp:
+            save_state(config, weights, tmp)
+            (tmp / "optimizer").mkdir()
+            save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
+            (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
+            if adapter is not None:
+                (tmp / "adapter").mkdir()
+                save_file(adapter[0], str(tmp / "adapter" / "adapter_model.safetensors"))
+                (tmp / "adapter" / "adapter_config.json").write_text(adapter[1])
     except Exception as exc:  # disk full, no permission, a file where a folder should be
-        raise CheckpointError(
-            f"checkpoint {folder} (weights v{meta['version']}) could not be written: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+        what = f"checkpoint {folder} (weights v{meta['version']}) could not be written"
+        full = disk_full_error(exc)
+        if full is not None:  # safetensors' own error says it only in words: an OSError
+            error = OSError(full.errno, f"{what}: {full.strerror}", full.filename or str(folder))
+            raise error from exc
+        raise CheckpointError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 class LiveTrainer:

@@ -26,7 +26,9 @@ from pearl.apps.train.config import TrainConfig
 from pearl.apps.train.metrics import roles_in_use, rollout_shapes, step_row, wilson_interval
 from pearl.apps.train.report import write_train_report
 from pearl.config import dump_config
+from pearl.durable_files import disk_full_error, disk_full_message
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
+from pearl.redaction import redact_secrets, redacted_keys
 from pearl.report.progress import Progress
 from pearl.report.tensorboard import ScalarLog
 
@@ -150,16 +152,33 @@ class TrainRun:
     async def _train(self, resume: str | None) -> dict[str, Any]:
         live = _LiveRun(self, resume)
         stop = _StopOnSignals()
+        failed = False
         try:
             await live.start()
             return await live.train(stop)
         except asyncio.CancelledError:  # Ctrl-C or SIGTERM: asyncio cancels this task
+            failed = True
             await live.flush_checkpoint()  # the last checkpoint is the resume point
             raise live.stopped("interrupted (Ctrl-C or SIGTERM)", RunStopped) from None
+        except Exception as exc:
+            failed = True
+            full = disk_full_error(exc)
+            if full is None:
+                raise
+            # The run folder's disk (or quota) is full: one line, where, and how to go on.
+            await live.flush_checkpoint()
+            why = f"the disk is full: {disk_full_message(full, live.folder.path)}"
+            raise live.stopped(why, RunInterrupted) from None
         finally:
             stop.remove()  # a second Ctrl-C during the clean-up interrupts it
             await live.flush_checkpoint()  # whatever ended the run, a started write lands
-            live.close()
+            try:
+                live.close()
+            except Exception as exc:
+                if not failed:
+                    raise
+                # The error that ended the run is the one raised; this one is only told.
+                self.log(f"closing the run also failed: {type(exc).__name__}: {exc}")
 
 
 class _LiveRun:
@@ -459,20 +478,27 @@ class _LiveRun:
         try:
             await asyncio.wait_for(self.trainer.flush(), timeout=120)
         except Exception as exc:  # a dead trainer or a failed write: the folder says
-            self.run.log(f"the last checkpoint could not be completed ({exc})")
+            full = disk_full_error(exc)
+            cause = getattr(exc, "cause", None) or exc  # a Ray task error: the trainer's own
+            what = disk_full_message(full, self.folder.path) if full else f"{cause}"
+            self.run.log(f"the last checkpoint could not be completed ({what})")
 
     def stopped(self, why: str, stop: type[RunInterrupted]) -> RunInterrupted:
-        """Mark the run folder incomplete and say how to continue from the last checkpoint."""
+        """Mark the run folder incomplete and say how to continue from the last checkpoint
+        (the message, even when the mark cannot be written: a full disk)."""
         folder, rows = self.folder, self.rows
         last = _last_checkpoint(folder.path)
-        folder.summary(
-            {
-                "complete": False,
-                "error": why,
-                "steps": len(rows),
-                "last_checkpoint": str(last[1]) if last else None,
-            }
-        )
+        try:
+            folder.summary(
+                {
+                    "complete": False,
+                    "error": why,
+                    "steps": len(rows),
+                    "last_checkpoint": str(last[1]) if last else None,
+                }
+            )
+        except OSError as exc:
+            self.run.log(f"summary.json could not be written ({exc})")
         where = f"metrics and checkpoints are in {folder.path}"
         if last is None:
             return stop(
@@ -481,18 +507,25 @@ class _LiveRun:
             )
         version, path = last
         remaining = self.first_step + self.cfg.run.steps - version
+        secrets = redacted_keys(redact_secrets(self.cfg.model_dump(mode="json")))
+        again = f" {' '.join(f'{key}=...' for key in secrets)}" if secrets else ""
         return stop(
             f"{why} after {len(rows)} steps; {where}; continue from "
             f"v{version} with: pearl train --config {folder.path / 'config.yaml'} --resume "
-            f"{path} run.steps={remaining} run.run_name={folder.path.name}-resumed"
+            f"{path} run.steps={remaining} run.run_name={folder.path.name}-resumed{again}"
         )
 
     def close(self) -> None:
-        self.folder.close()
-        for board in self.boards:
-            board.close()
-        self.world.kill_all()
-        self.trainer.kill()
+        """Stop the actors and close the run's files: every step is tried, whatever fails
+        before it (a full disk must not leave the workers and trainer running); the first
+        failure is raised once all ran."""
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("kill the rollout workers", self.world.kill_all),
+            ("kill the trainer", self.trainer.kill),
+            ("close the run folder", self.folder.close),
+        ]
+        steps += [(f"close {type(b).__name__}", b.close) for b in self.boards]
+        run_every_step(steps, self.run.log)
 
 
 class _StepRecorder:
@@ -597,6 +630,22 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
         device=t.device,
         dtype=t.dtype,
     )
+
+
+def run_every_step(
+    steps: list[tuple[str, Callable[[], object]]], log: Callable[[str], None]
+) -> None:
+    """Call every step in order, even past one that fails (each failure is logged with
+    its step's name); then raise the first failure, if any."""
+    first: Exception | None = None
+    for name, step in steps:
+        try:
+            step()
+        except Exception as exc:
+            log(f"{name} failed: {type(exc).__name__}: {exc}")
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:
