@@ -55,7 +55,7 @@ def run_agents(
     events = []
 
     async def main():
-        endpoint = AgentEndpoint("pearl-policy", api_key=api_key)
+        endpoint = run_agents.endpoint = AgentEndpoint("pearl-policy", api_key=api_key)
         await endpoint.start()
         cfg = SimEngineConfig(num_kv_blocks=1024)
         pool = [worker(f"w{k}", FlatCost(0.002), cfg, vocab_size=VOCAB) for k in range(workers)]
@@ -358,15 +358,14 @@ def test_off_loopback_the_endpoint_needs_a_key_and_checks_it(chat):
     assert wrong_key.status == (401, "invalid_api_key") and t.stop_reason == "done"
 
 
-def not_async(seed, c):
-    return 1.0
+NOT_A_FUNCTION = 1.0
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
         ({"agent": "tests_agents_nowhere:f"}, "module 'tests_agents_nowhere' not found"),
-        ({"agent": f"{__name__}:not_async"}, "is not an async function"),
+        ({"agent": f"{__name__}:NOT_A_FUNCTION"}, "is a float, not a function"),
         ({"agent": f"{__name__}:two_turns", "kwargs": {"x": 1}}, "cannot be called"),
         ({"agent": f"{__name__}:two_turns", "timeout": 3}, "env.options.timeout"),
         ({}, "env.options.agent: Field required"),

@@ -40,6 +40,16 @@ class Segment:
 
 
 @dataclass(slots=True, frozen=True)
+class NewTurn:
+    """A call whose segment is chosen (and busy) and whose prompt is not rendered yet."""
+
+    segment: Segment
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    canonical: tuple[tuple, ...]
+
+
+@dataclass(slots=True, frozen=True)
 class OpenTurn:
     """A call's prompt: the segment it continues (or starts) and the ids to prefill."""
 
@@ -59,6 +69,11 @@ class Conversation:
     def open(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> OpenTurn:
         """The prompt for a call with ``messages`` and the ``tools`` it offers; its segment
         is busy until ``close`` or ``cancel``."""
+        return self.render(self.start(messages, tools))
+
+    def start(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> NewTurn:
+        """``open``'s first half, cheap: the segment the call continues (or a new one), made
+        busy. ``render`` then tokenizes; a failure between the two must ``cancel``."""
         canon = tuple(canonical(m) for m in messages)
         key = json.dumps(tools, sort_keys=True) if tools else ""
         extended = [
@@ -72,19 +87,31 @@ class Conversation:
         ]
         if extended:
             segment = max(extended, key=lambda s: len(s.messages))
-            new = flatten(messages[len(segment.messages) :], None)
-            appended = self.chat.append(segment.token_ids, new)
-            prompt = segment.token_ids + appended
         else:
             segment = Segment(len(self.segments), key)
             self.segments.append(segment)
-            if tools and self.chat.renders_tools:  # the model's own layout of tools
-                text = self.chat.render_template(template_messages(messages), tools)
-                prompt = appended = self.chat.tokenizer.encode(text)
-            else:
-                prompt = appended = self.chat.render(flatten(messages, tools))
         segment.busy = True
-        return OpenTurn(segment, prompt, len(appended), canon)
+        return NewTurn(segment, messages, tools, canon)
+
+    def render(self, new: NewTurn) -> OpenTurn:
+        """``open``'s second half: the prompt's ids. It reads only the busy segment, which
+        nothing else changes, so it may run in another thread (a long prompt)."""
+        segment, messages, tools = new.segment, new.messages, new.tools
+        if segment.calls:
+            appended = self.chat.append(
+                segment.token_ids, flatten(messages[len(segment.messages) :], None)
+            )
+            prompt = segment.token_ids + appended
+        elif tools and self.chat.renders_tools:  # the model's own layout of tools
+            text = self.chat.render_template(template_messages(messages), tools)
+            prompt = appended = self.chat.tokenizer.encode(text)
+        else:
+            prompt = appended = self.chat.render(flatten(messages, tools))
+        return OpenTurn(segment, prompt, len(appended), new.canonical)
+
+    def cancel(self, turn: OpenTurn | NewTurn) -> None:
+        """The call failed: the segment is as before it (a segment it started stays empty)."""
+        turn.segment.busy = False
 
     def close(
         self, turn: OpenTurn, reply: list[int], logprobs: list[float], returned: Message
@@ -101,10 +128,6 @@ class Conversation:
         s.messages = [*turn.messages, canonical(returned)]
         s.busy = False
         s.calls += 1
-
-    def cancel(self, turn: OpenTurn) -> None:
-        """The call failed: the segment is as before it (a segment it started stays empty)."""
-        turn.segment.busy = False
 
     @property
     def used(self) -> list[Segment]:

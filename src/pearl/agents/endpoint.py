@@ -8,8 +8,14 @@ unmodified agent needs only ``base_url`` set; ``GET .../v1/models`` lists the on
 
 Security: it listens on the loopback interface unless ``host`` says otherwise, and then
 it needs an ``api_key``, checked on every request (``Authorization: Bearer``). Bodies over
-``max_request_bytes`` are refused before they are read whole; every error is an OpenAI
-error object; nothing an agent sends is evaluated (JSON is parsed, templates run sandboxed).
+``max_request_bytes`` are refused before they are read whole, JSON nested deeper than
+``MAX_JSON_DEPTH`` at the door; every answer that is not a success, on every route and
+method, is an OpenAI error object, and a failure on the run's side is logged with a
+reference the body gives, never its exception text; nothing an agent sends is evaluated
+(JSON is parsed, templates run sandboxed).
+
+``stop()`` takes at most ``STOP_GRACE_S`` (plus a moment): calls still in flight then are
+cancelled, so a call waiting for workers that are gone cannot hold the run's end.
 """
 
 from __future__ import annotations
@@ -18,16 +24,18 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-import json
 import logging
+import math
 import secrets
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
-from pearl.agents.episode import ClientConfig
-from pearl.agents.messages import ApiError, ChatRequest
+from pearl.agents.episode import ClientConfig, episode_not_found
+from pearl.agents.loop_watch import LoopWatch
+from pearl.agents.messages import ApiError, ChatRequest, load_json
 from pearl.agents.replies import completion_body, stream_chunks
 from pearl.errors import ConfigError
 
@@ -38,6 +46,9 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 NO_KEY = "none"  # what agents pass as api_key when the endpoint checks none (SDKs need one)
+STOP_GRACE_S = 2  # how long stop() lets calls in flight finish before cancelling them
+# The routes, for telling a wrong method (405) from a wrong URL (404).
+ROUTES = {"reward": "POST", "models": "GET", "chat/completions": "POST"}
 
 
 def is_loopback(host: str) -> bool:
@@ -75,6 +86,7 @@ class AgentEndpoint:
         self._keys: dict[int, str] = {}
         self._server: Any = None
         self._task: asyncio.Task | None = None
+        self.watch = LoopWatch()
         self.calls = 0
         self.refused = 0
 
@@ -93,7 +105,12 @@ class AgentEndpoint:
                 pass
 
         config = uvicorn.Config(
-            self.app(), host=self.host, port=self.port, log_level="warning", lifespan="off"
+            self.app(),
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=STOP_GRACE_S,
         )
         self._server = Quiet(config)
         self._task = asyncio.ensure_future(self._server.serve())
@@ -103,12 +120,21 @@ class AgentEndpoint:
                 raise ConfigError(f"the agent endpoint did not start on {self.host}:{self.port}")
             await asyncio.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.watch.start()
         log.info("agent endpoint on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
+        """Stop serving: calls in flight get ``STOP_GRACE_S`` to finish, then are cancelled."""
+        self.watch.stop()
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:
+            # uvicorn cancels the calls after its grace; then it waits for their clients to
+            # hang up, which a careless client need never do: bounded here.
+            await asyncio.wait({self._task}, timeout=STOP_GRACE_S + 2.0)
+            if not self._task.done():
+                self._server.force_exit = True
+                self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
     @property
@@ -118,6 +144,7 @@ class AgentEndpoint:
     # -- episodes ------------------------------------------------------------------
     def open(self, episode: AgentEpisode) -> ClientConfig:
         key = secrets.token_urlsafe(16)
+        self.watch.add(episode.agent)
         self._episodes[key] = episode
         self._keys[id(episode)] = key
         return ClientConfig(f"{self.url}/episodes/{key}/v1", self.api_key or NO_KEY, self.model)
@@ -133,8 +160,10 @@ class AgentEndpoint:
         app.post("/episodes/{key}/v1/reward")(self._reward)
         app.get("/episodes/{key}/v1/models")(self._models)
         app.post("/episodes/{key}/v1/chat/completions")(self._chat)
-        methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+        methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
         app.api_route("/{path:path}", methods=methods)(self._unknown)
+        app.exception_handler(HTTPException)(self._http_error)
+        app.exception_handler(Exception)(self._internal_error)
         return app
 
     def _refuse(self, exc: ApiError) -> JSONResponse:
@@ -145,16 +174,9 @@ class AgentEndpoint:
         """An agent posts its episode's reward (checked when the episode ends)."""
         try:
             episode = self._episode(key, request)
-            body = await self._read(request)
-            try:
-                posted = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                posted = None
-            if not isinstance(posted, dict) or "reward" not in posted:
-                raise ApiError(
-                    400, 'post {"reward": number, "success": bool} as JSON', param="reward"
-                )
-            episode.posted = posted
+            episode.posted = _posted_reward(await self._read(request))
+            if not episode.takes_calls:  # it ended while the body was read
+                raise episode_not_found()
         except ApiError as exc:
             return self._refuse(exc)
         return {"ok": True}
@@ -186,8 +208,7 @@ class AgentEndpoint:
         except ApiError as exc:
             return self._refuse(exc)
         except Exception as exc:  # the run's side failed (no worker, a stopped run)
-            log.exception("agent call failed")
-            return self._refuse(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
+            return await self._internal_error(request, exc)
         out = completion_body(
             reply,
             self.model,
@@ -206,13 +227,43 @@ class AgentEndpoint:
             return StreamingResponse(events(), media_type="text/event-stream")
         return out
 
-    async def _unknown(self, path: str):
+    async def _unknown(self, path: str, request: Request):
+        route = path.split("/v1/", 1)[-1] if path.startswith("episodes/") else None
+        if route in ROUTES:
+            return self._refuse(
+                ApiError(
+                    405,
+                    f"{request.method} is not allowed on /{path}; use {ROUTES[route]}",
+                    code="method_not_allowed",
+                )
+            )
         return self._refuse(
             ApiError(
                 404,
                 f"no route /{path}: agents call POST <base_url>/chat/completions, with "
                 "base_url http://HOST:PORT/episodes/<key>/v1 as their episode was given",
                 code="unknown_url",
+            )
+        )
+
+    async def _http_error(self, request: Request, exc: Exception) -> JSONResponse:
+        """An error the framework raised (a malformed request line, say), as OpenAI's."""
+        status = getattr(exc, "status_code", 400)
+        return self._refuse(ApiError(status, str(getattr(exc, "detail", "") or "bad request")))
+
+    async def _internal_error(self, request: Request, exc: Exception) -> JSONResponse:
+        """A failure on the run's side (no worker, a stopped run, a bug): logged in full with
+        a reference; the agent gets the reference, not the exception's text."""
+        ref = secrets.token_hex(4)
+        log.error(
+            "agent call %s %s failed (ref %s)", request.method, request.url.path, ref, exc_info=exc
+        )
+        return self._refuse(
+            ApiError(
+                500,
+                f"the server failed to answer this call (ref {ref}; the run's log has why)",
+                kind="server_error",
+                code="internal_error",
             )
         )
 
@@ -229,11 +280,7 @@ class AgentEndpoint:
                 )
         episode = self._episodes.get(key)
         if episode is None:
-            raise ApiError(
-                404,
-                "no open episode has this base URL (it ended, or the URL is wrong)",
-                code="episode_not_found",
-            )
+            raise episode_not_found()
         return episode
 
     async def _read(self, request: Request) -> bytes:
@@ -249,6 +296,29 @@ class AgentEndpoint:
                 raise _too_large(limit)
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _posted_reward(body: bytes) -> dict[str, Any]:
+    """A ``/reward`` body checked at the door: ``{"reward": finite number, "success": bool}``
+    (``success`` optional)."""
+    usage = 'post {"reward": number, "success": bool} as JSON'
+    try:
+        posted = load_json(body)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is {exc}; {usage}") from None
+    if not isinstance(posted, dict) or "reward" not in posted:
+        raise ApiError(400, usage, param="reward")
+    unknown = sorted(set(posted) - {"reward", "success"})
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0]!r}; {usage}", param=unknown[0])
+    reward = posted["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise ApiError(400, f"reward must be a finite number, got {reward!r}", param="reward")
+    if not isinstance(posted.get("success", False), bool):
+        raise ApiError(
+            400, f"success must be true or false, got {posted['success']!r}", param="success"
+        )
+    return posted
 
 
 def _too_large(limit: int) -> ApiError:

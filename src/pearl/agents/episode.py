@@ -1,32 +1,38 @@
 """One trajectory of an agent program: its calls to the endpoint are the turns.
 
-The agent is an ``async`` function ``agent(seed, client, **kwargs)`` that talks to the model
+The agent is a function ``agent(seed, client, **kwargs)`` that talks to the model
 through an OpenAI-compatible ``client`` (``ClientConfig``: base URL, key and model name)
 and returns its reward: a number (success: reward >= ``success_reward``) or a mapping
 ``{"reward": r, "success": bool}``. An agent in a process of its own (started by the
 function) may instead post that mapping to ``<base_url>/reward``; the function then
 returns ``None`` once the process is done. Each call is a turn through the control plane's router
 (session affinity, PD, KV moves, preemption: an aborted turn resumes and the agent sees one
-answer); the calls form the trajectory's segments (``pearl.agents.conversation``).
+answer); the calls form the trajectory's segments (``pearl.agents.conversation``). An
+``async def`` agent runs on the run's event loop, a plain ``def`` in a thread of its own
+(``pearl.agents.agent_call``); the episode's limits hold for both.
 
 The agent is someone else's code, so the episode ends, without ending the run, when it
 raises or returns something else (``env_error``, reward 0, not trained on), runs past
 ``timeout_s`` (``env_timeout``), makes no call at all (``env_error``), uses up the turn
-budget or overflows the context (``max_turns`` / ``context_full``: the call gets an
-OpenAI-style error, the agent has ``END_GRACE_S`` to return before it is cancelled, and
-what it did so far is trained on with reward 0, as for an environment that runs out of
-turns).
+budget (``max_turns``, ``DEFAULT_MAX_TURNS`` when the run sets none) or overflows the
+context (``context_full``): the call gets an OpenAI-style error, the agent has
+``END_GRACE_S`` to return before it is cancelled, and what it did so far is trained on with
+reward 0, as for an environment that runs out of turns. Once the episode has ended, every
+call to its URL is refused (404), whenever it was sent: nothing joins a finished trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pearl.agents.agent_call import start_agent
 from pearl.agents.conversation import Conversation
+from pearl.agents.loop_watch import agent_name
 from pearl.agents.messages import ApiError, ChatRequest
 from pearl.agents.replies import Reply, make_reply
 from pearl.control.agent_loop import AgentLoopConfig, TrajectoryResult
@@ -53,8 +59,28 @@ class ClientConfig:
     model: str
 
 
-AgentFn = Callable[..., Awaitable[Any]]
+AgentFn = Callable[..., Awaitable[Any] | Any]
 END_GRACE_S = 2.0  # how long an agent whose episode a budget ended may take to return
+# Calls per episode when the run sets no rollout.max_turns. A built-in environment ends its
+# own episodes; an agent is user code that may loop (a retry on every error starts a new
+# segment, so the context never fills), bounded only by its timeout, meanwhile decoding.
+# 100 is far past what one conversation holds at the default context (768 tokens, replies
+# of up to 64: about 12 calls) and leaves room for retries and branches.
+DEFAULT_MAX_TURNS = 100
+# A request whose messages' text is larger than this is tokenized off the event loop.
+RENDER_OFF_LOOP_BYTES = 64 << 10
+# Text of n bytes is at least n / max_token_bytes tokens; halved again, for normalizers
+# that shorten text before tokenizing (NFC composing a character, say).
+TOKEN_BOUND_SAFETY = 2
+
+
+def episode_not_found() -> ApiError:
+    """What a call to an ended (or never opened) episode's URL gets."""
+    return ApiError(
+        404,
+        "no open episode has this base URL (it ended, or the URL is wrong)",
+        code="episode_not_found",
+    )
 
 
 class Endpoint(Protocol):
@@ -106,6 +132,7 @@ class AgentEpisode:
         self.malformed_calls = 0
         self._run: _Run | None = None
         self._ended: asyncio.Event | None = None
+        self._open = False  # calls are taken: from the agent's start until the episode ends
         self._stop: str | None = None  # set when the endpoint ends the episode
         self._inflight: set[asyncio.Task] = set()
         self.posted: dict | None = None  # a reward reported to ``<base_url>/reward``
@@ -128,19 +155,25 @@ class AgentEpisode:
             config,
             max_new_tokens,
             max_context_tokens,
-            max_turns,
+            DEFAULT_MAX_TURNS if max_turns is None else max_turns,
             result,
             clock.now(),
         )
         self._ended = asyncio.Event()
         client = self.endpoint.open(self)
-        task = asyncio.ensure_future(self.agent(self.seed, client, **self.kwargs))
+        self._open = True
+        task = start_agent(
+            self.agent, (self.seed, client), self.kwargs, f"pearl-agent-{session_id}"
+        )
         ended = asyncio.ensure_future(self._ended.wait())
         try:
             await asyncio.wait({task, ended}, timeout=self.timeout_s, return_when="FIRST_COMPLETED")
             if self._stop is not None:  # ended by a budget: the agent gets its error first
                 await asyncio.wait({task}, timeout=END_GRACE_S)
         finally:
+            # Before any await: a call already past the endpoint's lookup (reading its body)
+            # is refused by ``complete``, and those in flight are all in ``_inflight`` now.
+            self._open = False
             ended.cancel()
             self.endpoint.close(self)  # later calls are refused
             if not task.done():
@@ -152,13 +185,14 @@ class AgentEpisode:
             await router.end_session(self._session(segment.index))
         return self._finish(result, reward, stop, error)
 
-    def _outcome(self, task: asyncio.Task) -> tuple[float, str, str | None]:
+    def _outcome(self, task: asyncio.Future) -> tuple[float, str, str | None]:
         """(reward, stop reason, error) of the finished agent ``task``."""
         who = self._who()
         if self._stop is not None:
             return 0.0, self._stop, None
         if not task.done() or task.cancelled():
-            return 0.0, STOP_ENV_TIMEOUT, f"{who} took more than {self.timeout_s:g} s"
+            timeout = "no" if self.timeout_s is None else f"{self.timeout_s:g} s"
+            return 0.0, STOP_ENV_TIMEOUT, f"{who} took more than {timeout}"
         if task.exception() is not None:
             exc = task.exception()
             return 0.0, STOP_ENV_ERROR, f"{who} raised {type(exc).__name__}: {exc}"
@@ -217,11 +251,16 @@ class AgentEpisode:
         return result
 
     # -- the endpoint's side ----------------------------------------------------------
+    @property
+    def takes_calls(self) -> bool:
+        """Whether the episode is running and no budget has ended it."""
+        return self._open and self._ended is not None and not self._ended.is_set()
+
     async def complete(self, request: ChatRequest) -> tuple[Reply, list[int]]:
         """Answer one call: (the reply, the prompt's ids); ``ApiError`` if refused."""
         run = self._run
-        if run is None or self._ended is None or self._ended.is_set():
-            raise ApiError(409, "this episode has ended", code="episode_ended")
+        if run is None or not self.takes_calls:
+            raise episode_not_found()
         task = asyncio.current_task()
         assert task is not None
         self._inflight.add(task)
@@ -238,18 +277,28 @@ class AgentEpisode:
                 400, f"the episode's turn budget of {run.max_turns} calls is used", code="max_turns"
             )
         tools = request.offered_tools
-        turn = self.conversation.open(request.messages, tools)
+        least = math.ceil(
+            request.text_bytes / (self.chat.tokenizer.max_token_bytes * TOKEN_BOUND_SAFETY)
+        )
+        if least >= run.max_context_tokens:  # cannot fit: refused without tokenizing it
+            self._end(STOP_CONTEXT_FULL)
+            raise _context_exceeded(f"at least {least}", run.max_context_tokens)
+        new = self.conversation.start(request.messages, tools)
+        try:
+            if (
+                request.size_bytes > RENDER_OFF_LOOP_BYTES
+            ):  # long: the other episodes go on meanwhile
+                turn = await asyncio.to_thread(self.conversation.render, new)
+            else:
+                turn = self.conversation.render(new)
+        except BaseException:
+            self.conversation.cancel(new)
+            raise
         room = run.max_context_tokens - len(turn.prompt)
         if room < 1:
             self.conversation.cancel(turn)
             self._end(STOP_CONTEXT_FULL)
-            raise ApiError(
-                400,
-                f"the prompt is {len(turn.prompt)} tokens; this model's context for a "
-                f"trajectory is {run.max_context_tokens} tokens, a reply included",
-                param="messages",
-                code="context_length_exceeded",
-            )
+            raise _context_exceeded(str(len(turn.prompt)), run.max_context_tokens)
         budget = min(run.max_new_tokens, room, request.token_limit or run.max_new_tokens)
         segment = turn.segment
         request_id = f"{self._session(segment.index)}/t{segment.calls}"
@@ -298,16 +347,23 @@ class AgentEpisode:
         self._ended.set()
 
     def _who(self) -> str:
-        name = (
-            f"{getattr(self.agent, '__module__', '?')}.{getattr(self.agent, '__qualname__', '?')}"
-        )
-        return f"agent {name} on task seed {self.seed}"
+        return f"agent {agent_name(self.agent)} on task seed {self.seed}"
 
     def _session(self, segment: int) -> str:
         """The engine session of a segment: the episode's own for the first, so its turns
         are the requests (ids, hence sampling seeds) a built-in environment's would be."""
         assert self._run is not None
         return self._run.session_id if segment == 0 else f"{self._run.session_id}/s{segment}"
+
+
+def _context_exceeded(tokens: str, context: int) -> ApiError:
+    return ApiError(
+        400,
+        f"the prompt is {tokens} tokens; this model's context for a trajectory is "
+        f"{context} tokens, a reply included",
+        param="messages",
+        code="context_length_exceeded",
+    )
 
 
 def _reward(value: Any, success_reward: float) -> tuple[float | None, bool]:

@@ -18,6 +18,34 @@ from pearl.envs.tools import check_tools, tool_response
 from pearl.models.chat import tools_system_prompt
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI's API
+# The deepest nesting of arrays and objects a request may have: a chat request's own
+# structure is 6 levels deep and a tool's JSON schema rarely 10; a deeper body exhausts
+# recursion in the JSON parser, in validation or in a chat template (a RecursionError).
+MAX_JSON_DEPTH = 64
+
+
+def load_json(raw: bytes | str) -> Any:
+    """``raw`` parsed; ``ValueError`` saying why if it is not JSON, or is nested deeper
+    than ``MAX_JSON_DEPTH``."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep") from None
+    level, deepest = [data], 1
+    while level:  # breadth first, without recursion
+        level = [
+            child
+            for value in level
+            if isinstance(value, dict | list)
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, dict | list)
+        ]
+        deepest += bool(level)
+        if deepest > MAX_JSON_DEPTH:
+            raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+    return data
 
 
 class ApiError(Exception):
@@ -136,9 +164,9 @@ class ChatRequest(_Open):
     def parse(cls, raw: bytes) -> ChatRequest:
         """A request body, or ``ApiError`` (400) saying what is wrong and where."""
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+            data = load_json(raw)
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is {exc}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         try:
@@ -175,6 +203,16 @@ class ChatRequest(_Open):
         return check_tools(self.tools, "tools")
 
     @property
+    def text_bytes(self) -> int:
+        """The UTF-8 bytes of the messages' text: all of it is in the prompt."""
+        return sum(len(m.text("messages").encode()) for m in self.messages)
+
+    @property
+    def size_bytes(self) -> int:
+        """About what the prompt renders: the messages' text and the tools' JSON."""
+        return self.text_bytes + (len(json.dumps(self.tools)) if self.tools else 0)
+
+    @property
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -189,8 +227,8 @@ def tool_call_block(name: str, arguments: Any) -> str:
 
 def _arguments(raw: str) -> Any:
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        return load_json(raw)
+    except ValueError:
         return raw  # shown as the agent sent it
 
 

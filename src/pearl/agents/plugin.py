@@ -1,9 +1,10 @@
 """``env.name: agent``: which agent program to train, and how its endpoint is served.
 
-``env.options`` names the agent (``agent: package.module:function``, an ``async def``
-taking ``(seed, client, **kwargs)``) and sets the endpoint (``pearl.agents.endpoint``) and
-the per-episode limits. Checked before any actor starts: a misspelt option, a missing
-module or a function that is not ``async`` fails here with what would be valid.
+``env.options`` names the agent (``agent: package.module:function``, a function taking
+``(seed, client, **kwargs)``: an ``async def`` runs on the run's event loop, a plain
+``def`` in a thread of its own) and sets the endpoint (``pearl.agents.endpoint``) and the
+per-episode limits. Checked before any actor starts: a misspelt option, a missing module
+or something that cannot be called so fails here with what would be valid.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ AGENT_ENV = "agent"  # the env.name that selects an agent program
 class AgentOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = Field(description="the agent: package.module:function (an async def)")
+    agent: str = Field(
+        description="the agent: package.module:function (async def, or a plain def: a thread)"
+    )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for every call of the agent"
     )
@@ -67,10 +70,11 @@ class AgentOptions(BaseModel):
     def load(self) -> Any:
         """The agent function, checked."""
         fn = import_path(self.agent, "env.options.agent", "function")
-        if not inspect.iscoroutinefunction(fn):
+        if not callable(fn):
             raise ConfigError(
-                f"env.options.agent: {self.agent!r} is not an async function; an agent is "
-                "`async def agent(seed, client, **kwargs)` returning its reward"
+                f"env.options.agent: {self.agent!r} is a {type(fn).__name__}, not a function; "
+                "an agent is `async def agent(seed, client, **kwargs)` (or a plain `def`) "
+                "returning its reward"
             )
         try:
             inspect.signature(fn).bind(0, None, **self.kwargs)

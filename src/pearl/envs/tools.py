@@ -74,6 +74,9 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> tuple[list[ToolC
         except json.JSONDecodeError as exc:
             errors.append(f"{where} is not valid JSON ({exc.msg} at character {exc.pos})")
             continue
+        except RecursionError:
+            errors.append(f"{where} is JSON nested too deeply to read")
+            continue
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             errors.append(f'{where} needs a JSON object with a "name" string')
             continue
@@ -81,7 +84,7 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> tuple[list[ToolC
         if isinstance(arguments, str):  # some models send the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 pass
         if name not in schemas:
             errors.append(f"{where}: no tool named {name!r}; the tools are {', '.join(schemas)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from pearl.errors import ConfigError
@@ -26,6 +27,13 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token stands for (+1: a decoder may drop a leading
+        space): text of ``n`` bytes takes at least ``n / max_token_bytes`` tokens."""
+        pieces = self._tok.decode_batch([[i] for i in range(self.vocab_size)], False)
+        return max(len(p.encode()) for p in pieces) + 1
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
