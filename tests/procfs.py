@@ -54,3 +54,21 @@ def wait_until_gone(pids, timeout_s: float) -> list[int]:
     while any(running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     return [p for p in pids if running(p)]
+
+
+def processes_with_environment(name: str, value: str) -> list[int]:
+    """Pids of this user's processes started with ``name=value`` in their environment: a
+    mark a test sets on what it starts, which every descendant inherits (Ray's daemons,
+    re-parented away from the ``ray start`` that made them, included)."""
+    mark = f"{name}={value}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out.append(int(entry))
+        except OSError:
+            continue
+    return out

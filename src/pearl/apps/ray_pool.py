@@ -30,6 +30,8 @@ def connect(address: str) -> None:
     driver, unless this process already is; a clear error if nothing answers there."""
     import ray
 
+    from pearl.live.cluster import token_refusal, token_refused_message
+
     if ray.is_initialized():
         return
     try:
@@ -37,7 +39,12 @@ def connect(address: str) -> None:
             host, _, port = address.rpartition(":")
             socket.create_connection((host, int(port)), timeout=10).close()
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except (OSError, RuntimeError, ValueError) as exc:
+    except Exception as exc:
+        reason = token_refusal(exc)
+        if reason is not None:
+            raise ConfigError(token_refused_message("plan.ray_address", address, reason)) from None
+        if not isinstance(exc, (OSError, RuntimeError, ValueError)):
+            raise
         raise ConfigError(
             f"plan.ray_address={address!r}: no Ray cluster could be joined there ({exc}); "
             "start one with `ray start --head` (then `auto` or its host:port), or leave "

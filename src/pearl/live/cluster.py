@@ -31,7 +31,15 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address is not None:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        try:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        except Exception as exc:
+            reason = token_refusal(exc)
+            if reason is None:
+                raise
+            raise ConfigError(
+                token_refused_message("cluster.ray_address", address, reason)
+            ) from None
         return
     from ray._private import ray_constants  # read only: did Ray's import see the variable?
 
@@ -48,6 +56,48 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> None:
         include_dashboard=False,
         logging_level=logging.ERROR,
         log_to_driver=False,
+    )
+
+
+# What Ray (2.52 and later) says when the cluster's token authentication refuses a driver:
+# its AuthenticationError, raised directly (token mode here, no token found) or, once Ray has
+# retried the head for ~20 s, as the text of the RuntimeError under its ConnectionError.
+_TOKEN_REFUSED = ("AuthenticationError", "InvalidAuthToken")
+
+
+def token_refusal(exc: BaseException) -> str | None:
+    """Ray's reason when ``ray.init`` failed because the cluster's token authentication
+    refused this driver (no token, or not the cluster's); None for any other failure."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and what it was raised from
+        if seen is None:
+            break
+        if type(seen).__name__ == "AuthenticationError":  # ray.exceptions' (Ray >= 2.52)
+            return str(getattr(seen, "message", seen)).split(". ")[0]
+        text = str(seen)
+        for marker in _TOKEN_REFUSED:
+            if marker in text:
+                line = next(ln for ln in text.splitlines() if marker in ln)
+                return line.split(marker, 1)[1].lstrip(": ").split(". ")[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def token_refused_message(setting: str, address: str, reason: str) -> str:
+    """The one error a user sees when a cluster under token authentication refuses the
+    driver: what to set, where (``setting`` is the config field that named the cluster)."""
+    here = ", ".join(
+        f"{name} {os.environ[name]!r}"
+        if name in os.environ and name != "RAY_AUTH_TOKEN"
+        else f"{name} {'set' if name in os.environ else 'unset'}"
+        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    )
+    return (
+        f"{setting}={address!r}: Ray's token authentication refused this driver on the "
+        f"cluster there ({reason}). For a cluster started with RAY_AUTH_MODE=token, set "
+        "RAY_AUTH_MODE=token and the cluster's token, in RAY_AUTH_TOKEN or in a file named "
+        "by RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token), in the environment of this "
+        f"command: the same token as on every node (here: {here})"
     )
 
 
