@@ -174,9 +174,10 @@ class AgentEndpoint:
         """An agent posts its episode's reward (checked when the episode ends)."""
         try:
             episode = self._episode(key, request)
-            episode.posted = _posted_reward(await self._read(request))
-            if not episode.takes_calls:  # it ended while the body was read
+            posted = _posted_reward(await self._read(request))
+            if not episode.takes_calls:  # it ended while the body was read: too late
                 raise episode_not_found()
+            episode.posted = posted
         except ApiError as exc:
             return self._refuse(exc)
         return {"ok": True}
