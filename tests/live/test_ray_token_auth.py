@@ -175,3 +175,43 @@ def test_a_driver_without_the_clusters_token_is_refused_with_one_clear_error(tok
         assert "Traceback" not in error and cluster.token not in error
         if auth.get("RAY_AUTH_TOKEN") == wrong:
             assert "missing or incorrect" in error, error
+
+
+PRIVATE = """
+import json, os
+from pearl.live.cluster import ensure_ray
+ensure_ray(1)
+import ray
+mode = ray.get(ray.remote(num_cpus=1)(lambda: os.environ.get("RAY_AUTH_MODE")).remote())
+print(json.dumps({
+    "worker_mode": mode,
+    "token_file": os.path.exists(os.path.expanduser("~/.ray/auth_token")),
+    "own_token": len(os.environ.get("RAY_AUTH_TOKEN", "")),
+}))
+ray.shutdown()
+"""
+
+
+def test_a_private_runtime_keeps_its_token_out_of_files_others_can_read(tmp_path):
+    """Left to itself, Ray turns token authentication on for a new local runtime and writes
+    the token to ~/.ray/auth_token with the umask's mode (0644), where any local user could
+    read it and join; PEARL's private runtime gets a fresh token of its own in its
+    processes' environment instead, and writes no file."""
+    mark = str(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env |= {"HOME": str(tmp_path), MARK: mark}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PRIVATE], env=env, capture_output=True, text=True, timeout=180
+        )
+    finally:
+        ours = processes_with_environment(MARK, mark)
+        for pid in ours:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_until_gone(ours, timeout_s=30)
+    assert done.returncode == 0, done.stderr[-4000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer == {"worker_mode": "token", "token_file": False, "own_token": 64}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
+import sys
 from typing import Any
 
 from pearl.errors import ConfigError
@@ -26,6 +28,7 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     if address is None:
         for key, value in LOOPBACK_ONLY_ENV.items():
             os.environ.setdefault(key, value)
+        _private_token()
     import ray
 
     if ray.is_initialized():
@@ -59,6 +62,22 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     )
 
 
+AUTH_SETTINGS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _private_token() -> None:
+    """A private runtime's own token, in this process's environment (which its raylet and
+    workers inherit, and only its owner can read). Unset, Ray 2.52+ turns token
+    authentication on for a new local runtime and writes the token to ~/.ray/auth_token with
+    the umask's mode (0644: any local user could read it and join the runtime, which runs
+    our code). Only before Ray's import, which reads the mode; a setting of the user's own is
+    kept as it is."""
+    if "ray" in sys.modules or any(name in os.environ for name in AUTH_SETTINGS):
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+
+
 # What Ray (2.52 and later) says when the cluster's token authentication refuses a driver:
 # its AuthenticationError, raised directly (token mode here, no token found) or, once Ray has
 # retried the head for ~20 s, as the text of the RuntimeError under its ConnectionError.
@@ -90,7 +109,7 @@ def token_refused_message(setting: str, address: str, reason: str) -> str:
         f"{name} {os.environ[name]!r}"
         if name in os.environ and name != "RAY_AUTH_TOKEN"
         else f"{name} {'set' if name in os.environ else 'unset'}"
-        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+        for name in AUTH_SETTINGS
     )
     return (
         f"{setting}={address!r}: Ray's token authentication refused this driver on the "
