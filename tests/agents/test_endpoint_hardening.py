@@ -14,6 +14,7 @@ import pytest
 from test_endpoint import USER, client, run_agents
 from tiny_model import tiny_chat_tokenizer
 
+from pearl.agents import agent_call
 from pearl.agents import episode as episode_module
 from pearl.agents.endpoint import STOP_GRACE_S
 from pearl.agents.messages import MAX_JSON_DEPTH
@@ -43,28 +44,29 @@ async def lingers(seed, c):
     async with client(c) as llm:
         await llm.chat.completions.create(model=c.model, messages=USER)
     await lingers.go.wait()  # the late call has been looked up by the endpoint
-    return 1.0
+    return None  # a posted reward would count; none is posted in time
 
 
-def test_a_call_whose_body_arrives_after_its_episode_ended_is_refused_and_joins_nothing(chat):
+@pytest.mark.parametrize("route", ["chat/completions", "reward"])
+def test_a_call_whose_body_arrives_after_its_episode_ended_is_refused_and_joins_nothing(
+    chat, route
+):
     late = {}
 
     async def late_call(router, pool):
         await wait_for(lambda: hasattr(lingers, "config"))
-        c = lingers.config
+        c, endpoint = lingers.config, run_agents.endpoint
         body_sent = asyncio.Event()
+        messages = [*USER, {"role": "user", "content": "x"}]
+        payload = {"model": c.model, "messages": messages} if route != "reward" else {"reward": 1}
 
         async def body():
             await body_sent.wait()
-            yield json.dumps(
-                {"model": c.model, "messages": [*USER, {"role": "user", "content": "x"}]}
-            ).encode()
+            yield json.dumps(payload).encode()
 
         async with httpx.AsyncClient(timeout=30) as http:
-            call = asyncio.ensure_future(
-                http.post(c.base_url + "/chat/completions", content=body())
-            )
-            await asyncio.sleep(0.5)  # its headers are read and its episode looked up
+            call = asyncio.ensure_future(http.post(f"{c.base_url}/{route}", content=body()))
+            await wait_for(lambda: endpoint.received == 2)  # looked up, its body not read
             lingers.go.set()  # the agent returns: its episode ends
             while (await http.get(c.base_url + "/models")).status_code == 200:
                 await asyncio.sleep(0.01)
@@ -78,12 +80,13 @@ def test_a_call_whose_body_arrives_after_its_episode_ended_is_refused_and_joins_
         ]
         late["pinned"] = [await pool[0].session_length(s) for s in ("e0", "e0/s1")]
 
+    lingers.__dict__.pop("config", None)
     lingers.go = asyncio.Event()
     (t,), endpoint, events = run_agents(chat, lingers, during=late_call)
     assert late["status"] == 404 and late["error"]["code"] == "episode_not_found"
-    assert t.stop_reason == "done" and len(t.turns) == 1 and t.extra_samples == []
+    assert len(t.turns) == 1 and t.extra_samples == []
+    assert t.stop_reason == "env_error" and "returned NoneType" in t.error  # no reward came
     assert late["homes"] == [None] * 6 and late["pinned"] == [0, 0]  # session and KV released
-    assert endpoint.calls == 2  # the late call was read, then refused
 
 
 # -- 2. plain agents run in threads; a blocking async agent is named ----------------------
@@ -224,6 +227,9 @@ async def odd_bodies(seed, c):
             "reward lots": await http.post(url + "/reward", json={"reward": "lots"}),
             "reward nan": await http.post(url + "/reward", content=b'{"reward": NaN}'),
             "reward extra": await http.post(url + "/reward", json={"reward": 1, "bonus": 2}),
+            "reward huge": await http.post(
+                url + "/reward", content=b'{"reward": 1' + b"0" * 400 + b"}"
+            ),
             "options": await http.options(url + "/chat/completions"),
             "get chat": await http.get(url + "/chat/completions"),
             "elsewhere": await http.options(url + "/nowhere"),
@@ -253,6 +259,7 @@ def test_odd_bodies_and_methods_get_openai_errors_and_the_episode_goes_on(chat):
         assert got[name][0] == 400 and "nested more than" in got[name][1]["message"], name
     assert got["reward lots"][0] == 400 and got["reward lots"][1]["param"] == "reward"
     assert got["reward nan"][0] == 400 and got["reward extra"][1]["param"] == "bonus"
+    assert got["reward huge"][0] == 400 and got["reward huge"][1]["param"] == "reward"
     assert got["options"][0] == 405 and got["options"][1]["code"] == "method_not_allowed"
     assert got["get chat"][0] == 405 and "use POST" in got["get chat"][1]["message"]
     assert got["elsewhere"][0] == 404
@@ -301,3 +308,88 @@ def test_an_agent_that_loops_ends_at_the_default_turn_budget(chat, monkeypatch):
     (t,), _, _ = run_agents(chat, retries_forever, max_turns=None, max_new_tokens=2)
     assert retries_forever.error["code"] == "max_turns"
     assert t.stop_reason == "max_turns" and len(t.turns) == 12
+
+
+async def calls_at_once(seed, c):
+    """Thirty calls at once: each would start a segment of its own."""
+    async with client(c) as llm:
+        answers = await asyncio.gather(
+            *(llm.chat.completions.create(model=c.model, messages=USER) for _ in range(30)),
+            return_exceptions=True,
+        )
+    calls_at_once.refused = sum(isinstance(a, openai.APIStatusError) for a in answers)
+    return 1.0
+
+
+def test_concurrent_calls_cannot_pass_the_turn_budget(chat, monkeypatch):
+    monkeypatch.setattr(episode_module, "END_GRACE_S", 30.0)
+    (t,), _, _ = run_agents(chat, calls_at_once, max_turns=5)
+    assert t.stop_reason == "max_turns" and len(t.turns) <= 5
+    assert len(t.samples) <= 5 and calls_at_once.refused >= 25
+
+
+def test_a_long_prompt_that_may_fit_is_tokenized_off_the_loop(chat, monkeypatch):
+    """1.2 MB of text passes the bound under a 100k-token context (the tiny tokenizer's
+    tokens are a byte or two), so it is tokenized: in a thread, the loop going on."""
+    monkeypatch.setattr(episode_module, "END_GRACE_S", 30.0)
+    gaps = []
+
+    async def long_prompt(seed, c):
+        async with client(c) as llm:
+            await llm.chat.completions.create(model=c.model, messages=USER)
+            try:
+                text = [{"role": "user", "content": "hello world " * 100_000}]
+                await llm.chat.completions.create(model=c.model, messages=text)
+            except openai.BadRequestError as exc:
+                long_prompt.error = exc.body
+        return 1.0
+
+    async def heartbeat(router, pool):
+        last = time.monotonic()
+        while not hasattr(long_prompt, "error"):
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    (t,), _, _ = run_agents(chat, long_prompt, during=heartbeat, max_context=100_000)
+    assert long_prompt.error["message"].startswith("the prompt is 1200")  # it was tokenized
+    assert t.stop_reason == "context_full"
+    assert max(gaps) < 1.0  # on the loop: ~1.3 s here
+
+
+async def waits_forever(seed, c):
+    async with client(c, timeout=120) as llm:
+        await llm.chat.completions.create(model=c.model, messages=USER)
+    return 1.0
+
+
+def test_an_episode_past_its_timeout_does_not_wait_for_its_call(chat):
+    """Its call waits for workers that are gone; the episode ends on its timeout (plus the
+    grace for calls in flight), not when the router gives up."""
+
+    async def no_workers(router, pool):
+        router.max_wait_s = 60.0  # before the fix the episode waited this long
+        router.set_topology(colocated=[])
+
+    started = time.monotonic()
+    (t,), _, _ = run_agents(chat, waits_forever, during=no_workers, timeout_s=0.5)
+    assert t.stop_reason == "env_timeout"
+    assert time.monotonic() - started < 0.5 + episode_module.END_GRACE_S + 15
+
+
+def test_an_agent_returning_a_number_past_floats_fails_only_its_episode(chat):
+    async def huge(seed, c):
+        async with client(c) as llm:
+            await llm.chat.completions.create(model=c.model, messages=USER)
+        return 10**400 if seed == 0 else {"reward": 1.0}
+
+    (bad, good), _, _ = run_agents(chat, huge, episodes=2)
+    assert bad.stop_reason == "env_error" and "expected a finite number" in bad.error
+    assert good.stop_reason == "done" and good.reward == 1.0
+
+
+def test_past_the_limit_of_left_threads_a_plain_agent_is_not_started(chat, monkeypatch):
+    monkeypatch.setattr(agent_call, "MAX_LEFT_THREADS", 0)
+    (t,), _, _ = run_agents(chat, plain_agent, timeout_s=5)
+    assert t.stop_reason == "env_error" and "was not started" in t.error

@@ -13,6 +13,8 @@ importable by name in a fresh interpreter, and a process start per trajectory. A
 that computes rather than waits holds the GIL either way it is written; it should start a
 process of its own (docs/environments.md). Each thread is a daemon: one stuck for good
 never keeps the run from exiting (``asyncio.to_thread``'s pool would be joined at exit).
+Threads left running past their episode are counted; past ``MAX_LEFT_THREADS`` a plain
+agent's episode fails at its start (``env_error``) instead of piling up more.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+
+MAX_LEFT_THREADS = 256  # plain agents still running after their episodes ended
+_left = 0  # how many there are now (changed on the event loop's thread only)
 
 
 def is_async(fn: Callable[..., Any]) -> bool:
@@ -40,9 +45,24 @@ def start_agent(
         return asyncio.ensure_future(fn(*args, **kwargs))
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
+    if _left >= MAX_LEFT_THREADS:
+        future.set_exception(
+            RuntimeError(
+                f"was not started: {_left} plain agents are still running in threads after "
+                "their episodes ended (each past its timeout); a plain agent must return"
+            )
+        )
+        return future
+
+    def abandoned(_: asyncio.Future) -> None:
+        global _left
+        if future.cancelled():
+            _left += 1
 
     def settle(value: Any, error: BaseException | None) -> None:
-        if future.done():  # the episode ended without it (timeout): nothing waits
+        global _left
+        if future.cancelled():  # the episode ended without it (timeout): nothing waits
+            _left -= 1
             return
         if error is not None:
             future.set_exception(error)
@@ -69,5 +89,10 @@ def start_agent(
         except RuntimeError:
             pass  # the loop has closed: the run is over
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        threading.Thread(target=run, name=name, daemon=True).start()
+    except RuntimeError as exc:  # the system's thread limit
+        future.set_exception(RuntimeError(f"could not be started in a thread: {exc}"))
+        return future
+    future.add_done_callback(abandoned)
     return future

@@ -25,7 +25,6 @@ import contextlib
 import hmac
 import ipaddress
 import logging
-import math
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from pearl.agents.episode import ClientConfig, episode_not_found
+from pearl.agents.episode import ClientConfig, episode_not_found, finite_number
 from pearl.agents.loop_watch import LoopWatch
 from pearl.agents.messages import ApiError, ChatRequest, load_json
 from pearl.agents.replies import completion_body, stream_chunks
@@ -87,7 +86,8 @@ class AgentEndpoint:
         self._server: Any = None
         self._task: asyncio.Task | None = None
         self.watch = LoopWatch()
-        self.calls = 0
+        self.received = 0  # requests that reached an open episode
+        self.calls = 0  # chat completions read whole and passed to their episode
         self.refused = 0
 
     # -- lifetime ------------------------------------------------------------------
@@ -282,6 +282,7 @@ class AgentEndpoint:
         episode = self._episodes.get(key)
         if episode is None:
             raise episode_not_found()
+        self.received += 1
         return episode
 
     async def _read(self, request: Request) -> bytes:
@@ -313,12 +314,10 @@ def _posted_reward(body: bytes) -> dict[str, Any]:
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}; {usage}", param=unknown[0])
     reward = posted["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise ApiError(400, f"reward must be a finite number, got {reward!r}", param="reward")
+    if finite_number(reward) is None:
+        raise ApiError(400, "reward must be a finite number", param="reward")
     if not isinstance(posted.get("success", False), bool):
-        raise ApiError(
-            400, f"success must be true or false, got {posted['success']!r}", param="success"
-        )
+        raise ApiError(400, "success must be true or false", param="success")
     return posted
 
 

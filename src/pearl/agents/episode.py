@@ -106,6 +106,7 @@ class _Run:
     max_turns: int | None
     result: TrajectoryResult
     last_answer: float
+    calls: int = 0  # calls taken so far, those in flight included
 
 
 class AgentEpisode:
@@ -160,12 +161,12 @@ class AgentEpisode:
             clock.now(),
         )
         self._ended = asyncio.Event()
+        ended = asyncio.ensure_future(self._ended.wait())
         client = self.endpoint.open(self)
         self._open = True
         task = start_agent(
             self.agent, (self.seed, client), self.kwargs, f"pearl-agent-{session_id}"
         )
-        ended = asyncio.ensure_future(self._ended.wait())
         try:
             await asyncio.wait({task, ended}, timeout=self.timeout_s, return_when="FIRST_COMPLETED")
             if self._stop is not None:  # ended by a budget: the agent gets its error first
@@ -179,11 +180,25 @@ class AgentEpisode:
             if not task.done():
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        reward, stop, error = self._outcome(task)
+            await self._settle_inflight()
+        try:
+            reward, stop, error = self._outcome(task)
+        except Exception as exc:  # a careless result (a Mapping or __str__ that raises)
+            reward, stop = 0.0, STOP_ENV_ERROR
+            error = f"{self._who()} returned a result that could not be read ({type(exc).__name__})"
         for segment in self.conversation.segments:
             await router.end_session(self._session(segment.index))
         return self._finish(result, reward, stop, error)
+
+    async def _settle_inflight(self) -> None:
+        """Let calls still in flight finish (their turns join the trajectory) for up to
+        ``END_GRACE_S``, then cancel them: one waiting for workers that are gone must not
+        hold the episode past its timeout."""
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=END_GRACE_S)
+        for call in list(self._inflight):
+            call.cancel()
+        await asyncio.gather(*self._inflight, return_exceptions=True)
 
     def _outcome(self, task: asyncio.Future) -> tuple[float, str, str | None]:
         """(reward, stop reason, error) of the finished agent ``task``."""
@@ -270,8 +285,9 @@ class AgentEpisode:
             self._inflight.discard(task)
 
     async def _complete(self, run: _Run, request: ChatRequest) -> tuple[Reply, list[int]]:
-        calls = len(run.result.turns)
-        if run.max_turns is not None and calls >= run.max_turns:
+        # Counted as calls start, not as turns end: concurrent calls must not pass the budget.
+        run.calls += 1
+        if run.max_turns is not None and run.calls > run.max_turns:
             self._end(STOP_MAX_TURNS)
             raise ApiError(
                 400, f"the episode's turn budget of {run.max_turns} calls is used", code="max_turns"
@@ -294,6 +310,9 @@ class AgentEpisode:
         except BaseException:
             self.conversation.cancel(new)
             raise
+        if not self.takes_calls:  # it ended while the prompt was tokenized
+            self.conversation.cancel(turn)
+            raise episode_not_found()
         room = run.max_context_tokens - len(turn.prompt)
         if room < 1:
             self.conversation.cancel(turn)
@@ -368,14 +387,18 @@ def _context_exceeded(tokens: str, context: int) -> ApiError:
 
 def _reward(value: Any, success_reward: float) -> tuple[float | None, bool]:
     if isinstance(value, Mapping):
-        reward = _number(value.get("reward"))
+        reward = finite_number(value.get("reward"))
         return reward, bool(value.get("success", reward is not None and reward >= success_reward))
-    reward = _number(value)
+    reward = finite_number(value)
     return reward, reward is not None and reward >= success_reward
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float if it is a finite int or float (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
-    return value if value == value and abs(value) != float("inf") else None
+    try:
+        value = float(value)
+    except OverflowError:  # an int past the float range (10**400)
+        return None
+    return value if math.isfinite(value) else None

@@ -7,6 +7,11 @@ from pathlib import Path
 
 from pearl.errors import ConfigError
 
+# Past this many characters, ``encode`` goes through ``encode_batch``, which releases the
+# GIL (``encode`` holds it: 1 s for 1.2 MB), so another thread's tokenizing does not stop
+# the event loop; below it, one call's overhead matters more.
+LONG_TEXT_CHARS = 16 << 10
+
 
 class Tokenizer:
     """Encode text to token ids and decode back; loaded from a model folder's tokenizer.json."""
@@ -36,6 +41,8 @@ class Tokenizer:
         return max(len(p.encode()) for p in pieces) + 1
 
     def encode(self, text: str) -> list[int]:
+        if len(text) > LONG_TEXT_CHARS:  # the same ids, the interpreter free meanwhile
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
