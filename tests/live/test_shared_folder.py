@@ -133,3 +133,38 @@ def test_kv_folders_without_a_lock_go_only_when_their_process_is_gone_and_a_day_
     assert os.path.isfile(os.path.join(made.path, LOCK_FILE))
     made.remove()
     assert not os.path.exists(made.path)
+
+
+def test_a_vllm_server_that_fails_to_start_leaves_no_folder(tmp_path, monkeypatch):
+    """vLLM's engine fails to start (out of GPU memory, a bad model): the server's folder,
+    made for it just before, is removed with the failure, not kept locked for as long as
+    the process lives. (vLLM is not needed: a stand-in engine that fails to start.)"""
+    import json
+    import types
+
+    from pearl.engine.config import EngineConfig
+    from pearl.live import vllm_server
+    from pearl.live.server import ModelSpec
+
+    class FailingEngine:
+        @classmethod
+        def from_engine_args(cls, args, stat_loggers=None):
+            cls.started_in = os.environ["VLLM_RPC_BASE_PATH"]
+            assert os.path.isdir(cls.started_in)
+            raise RuntimeError("CUDA out of memory")
+
+    stand_in = types.ModuleType("vllm.v1.engine.async_llm")
+    stand_in.AsyncLLM = FailingEngine  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.v1", "vllm.v1.engine"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", stand_in)
+    monkeypatch.setattr(vllm_server, "engine_args", lambda folder, config: object())
+    monkeypatch.setattr(vllm_server, "_shared_dir", lambda *where: str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    geometry = {"num_attention_heads": 2, "hidden_size": 64, "num_hidden_layers": 2}
+    (model / "config.json").write_text(json.dumps(geometry))
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        vllm_server.VllmServer("w0", ModelSpec(folder=str(model)), EngineConfig())
+    assert FailingEngine.started_in.startswith(str(tmp_path / "pearl-kv-"))
+    assert not list(tmp_path.glob("pearl-kv-*"))

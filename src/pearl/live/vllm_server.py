@@ -79,8 +79,6 @@ class VllmServer:
         self.model_id, self._geometry = model_identity(model.folder)
         self._dtype = engine_config.dtype
         self._block_size = engine_config.block_size
-        self._kv_folder = _kv_folder(worker_id)
-        self._kv_dir = self._kv_folder.path
         self._file_ids = itertools.count()
         self._prefilled: dict[str, SessionKV] = {}  # prefill role: each session's last prompt
         self._held: dict[str, SessionKV] = {}  # decode role: each session's imported KV
@@ -91,8 +89,16 @@ class VllmServer:
         # With stats on, vLLM adds its console logger (throughput every few seconds) only
         # when its loggers module logs at INFO: the run's own log says what matters.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
-        with _scratch_in(self._kv_dir):
-            self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
+        self._kv_folder = _kv_folder(worker_id)
+        self._kv_dir = self._kv_folder.path
+        try:
+            with _scratch_in(self._kv_dir):
+                self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._iteration_logger])
+        except BaseException:
+            # No server will be shut down: the folder (and what the engine put in it) goes
+            # now. Left, its lock would keep it for as long as this process lives.
+            self._kv_folder.remove()
+            raise
         self._block_size = self.engine.vllm_config.cache_config.block_size
         self._running: set[str] = set()
         self._contexts: dict[str, int] = {}  # running turns' contexts (prompt + streamed)
