@@ -168,11 +168,13 @@ def train(
     (e.g. run.steps=5 rollout.workers=2 env.name=guess); every key: pearl config show train."""
     from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
-    from pearl.durable_files import disk_full_error, disk_full_message
+    from pearl.durable_files import disk_full_error, disk_full_message, recover_folder
     from pearl.errors import PearlError, RunStopped
 
     try:
         cfg = load_train_config(config, list(ctx.args))
+        if resume is not None:
+            recover_folder(resume)  # a checkpoint whose replacement a crash cut short
         if resume is not None and not (Path(resume) / "optimizer" / "trainer.json").is_file():
             raise PearlError(
                 f"--resume {resume}: not a checkpoint folder (no optimizer/trainer.json)"

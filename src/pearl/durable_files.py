@@ -5,6 +5,11 @@
   run, sees the old file or the new one.
 - ``folder_written_whole``: the same for a folder (a checkpoint): built as ``<name>.tmp``,
   every file fsync'd, then renamed into place; on any error the temp folder is removed.
+  Replacing a folder takes two renames (the old one aside as ``<name>.old``, the new one
+  in); a crash between them leaves ``<name>.old`` alone, which ``recover_folder`` (called
+  by whatever looks for the folder: the next write, a run's last checkpoint, ``--resume``)
+  renames back. A single atomic exchange (Linux's ``renameat2(RENAME_EXCHANGE)``) is not
+  in Python's standard library nor on every file system.
 - ``LineFile``: JSON lines appended whole or not at all (one write per line; a failed
   write is cut back to the file's previous length).
 - ``disk_full_error`` / ``disk_full_message``: whether a failure is a full disk (also
@@ -59,11 +64,8 @@ def folder_written_whole(folder: str | Path) -> Iterator[Path]:
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     old = folder.with_name(folder.name + ".old")
-    if old.exists():  # a swap that a crash cut short: keep what it had
-        if folder.exists():
-            shutil.rmtree(old)
-        else:
-            old.rename(folder)
+    if recover_folder(folder) and old.exists():
+        shutil.rmtree(old)  # a swap cut after the new folder went in: the old one's rest
     if tmp.exists():
         shutil.rmtree(tmp)  # a write that did not finish
     try:
@@ -82,6 +84,24 @@ def folder_written_whole(folder: str | Path) -> Iterator[Path]:
         raise
     if old.exists():
         shutil.rmtree(old)
+
+
+def recover_folder(folder: str | Path) -> bool:
+    """Undo a ``folder_written_whole`` swap that a crash cut between its two renames:
+    ``<folder>.old`` (whole: it was ``folder``) is renamed back when ``folder`` is missing.
+    Whether ``folder`` exists now."""
+    folder = Path(folder)
+    old = folder.with_name(folder.name + ".old")
+    if not folder.exists() and old.is_dir() and not old.is_symlink():
+        try:
+            old.rename(folder)
+        except FileExistsError:  # put back meanwhile (another process recovering it)
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        _fsync_folder(folder.parent)
+    return folder.exists()
 
 
 class LineFile:
@@ -185,14 +205,23 @@ def _fsync_tree(folder: Path) -> None:
         _fsync_folder(Path(root))
 
 
+# What a file system that cannot fsync a folder answers: EINVAL (Linux's own, e.g. some
+# network file systems), ENOTSUP/EOPNOTSUPP or ENOSYS (FUSE file systems without fsyncdir),
+# EBADF (those that refuse fsync on a descriptor opened read-only). It then has nothing
+# more to write: the rename is as durable as it makes renames.
+FOLDER_FSYNC_UNSUPPORTED = frozenset(
+    {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF}
+)
+
+
 def _fsync_folder(folder: Path) -> None:
-    """The folder's entries (a rename) on disk; a file system that cannot fsync a folder
-    (EINVAL) has nothing more to do."""
+    """The folder's entries (a rename) on disk, where its file system can fsync a folder
+    (``FOLDER_FSYNC_UNSUPPORTED``)."""
     fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     except OSError as exc:
-        if exc.errno != errno.EINVAL:
+        if exc.errno not in FOLDER_FSYNC_UNSUPPORTED:
             raise
     finally:
         os.close(fd)

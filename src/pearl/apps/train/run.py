@@ -26,7 +26,7 @@ from pearl.apps.train.config import TrainConfig
 from pearl.apps.train.metrics import roles_in_use, rollout_shapes, step_row, wilson_interval
 from pearl.apps.train.report import write_train_report
 from pearl.config import dump_config
-from pearl.durable_files import disk_full_error, disk_full_message
+from pearl.durable_files import disk_full_error, disk_full_message, recover_folder
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
 from pearl.redaction import redact_secrets, redacted_keys
 from pearl.report.progress import Progress
@@ -649,12 +649,25 @@ def run_every_step(
 
 
 def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:
-    """The newest ``checkpoints/v<N>`` of a run folder that holds a saved optimizer."""
-    found = []
-    for path in (folder / "checkpoints").glob("v*"):
-        if path.name[1:].isdigit() and (path / "optimizer" / "trainer.json").is_file():
-            found.append((int(path.name[1:]), path))
-    return max(found) if found else None
+    """The newest ``checkpoints/v<N>`` of a run folder that holds a saved optimizer. A
+    ``v<N>.old`` alone (a crash cut the swap that was replacing ``v<N>``) is renamed back
+    first (``recover_folder``), or, if that fails, is the checkpoint where it lies."""
+    found: dict[int, Path] = {}
+    for path in sorted((folder / "checkpoints").glob("v*")):
+        name = path.name.removesuffix(".old")
+        if not name[1:].isdigit():
+            continue
+        if path.name != name:
+            try:
+                if not recover_folder(path.with_name(name)):
+                    continue
+                path = path.with_name(name)
+            except OSError:  # read it where it lies (the message must still be given)
+                if path.with_name(name).exists():
+                    continue
+        if (path / "optimizer" / "trainer.json").is_file():
+            found[int(name[1:])] = path
+    return max(found.items()) if found else None
 
 
 async def _chaos(plane, every_s: float, seed: int, log) -> None:
