@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"models", "errors", "token_runs"},
     "workloads": {"errors", "token_runs"},
     "envs": {"errors"},
-    "agents": {"control", "envs", "models", "errors"},
+    "agents": {"control", "envs", "models", "errors", "redaction"},
     "control": {"workloads", "errors", "token_runs"},
     "engine_turns": {"control", "engine", "token_runs"},
     "sim": {

@@ -161,11 +161,9 @@ def load_config(
     raw = apply_overrides(raw, overrides or [])
     secrets = redacted_keys(raw)
     if secrets:  # a run folder's config.yaml: its secrets were not saved
-        again = " ".join(f"{key}=..." for key in secrets)
         raise ConfigError(
-            f"{source}: {', '.join(secrets)} {'is' if len(secrets) == 1 else 'are'} "
-            f"{REDACTED!r}: run folders keep no secrets; "
-            f"pass it again on the command line ({again})"
+            f"{source}: {', '.join(secrets)} {'holds' if len(secrets) == 1 else 'hold'} "
+            f"{REDACTED!r}: run folders keep no secrets; {_secrets_again(secrets)}"
         )
     try:
         return model.model_validate(raw)
@@ -185,6 +183,20 @@ def load_config(
                 shown = redact_secrets(shown)
             lines.append(f"  {where}: {msg} (got {shown!r})")
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines)) from None
+
+
+def _secrets_again(secrets: list[str]) -> str:
+    """How to give a run folder's redacted secrets again: as overrides, but the agent
+    endpoint's key from the environment (``pearl.agents.plugin``), off the command line."""
+    again = [f"{key}=..." if key != AGENT_KEY else f"{key}=null" for key in secrets]
+    how = f"pass {'it' if len(secrets) == 1 else 'them'} again ({' '.join(again)}"
+    if AGENT_KEY in secrets:
+        how += f", the agent endpoint key exported as ${AGENT_KEY_ENV}: an override would show"
+        how += " it to every local user"
+    return how + ")"
+
+
+AGENT_KEY, AGENT_KEY_ENV = "env.options.api_key", "PEARL_AGENT_API_KEY"  # pearl.agents.plugin
 
 
 def _section_of(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

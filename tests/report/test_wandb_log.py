@@ -1,5 +1,6 @@
 """Weights & Biases scalars, offline: what ``WandbLog`` writes, read back from the run file."""
 
+import sys
 import time
 
 import pytest
@@ -64,6 +65,27 @@ def test_wandb_receives_the_run_config_without_its_secrets(tmp_path, monkeypatch
     }
     kept = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert kept and not [p for p in kept if key.encode() in p.read_bytes()]
+
+
+def test_wandb_is_not_sent_the_command_line(tmp_path, monkeypatch):
+    """W&B records a run's ``sys.argv`` as metadata; a secret passed as an override
+    (``env.options.api_key=...``) would reach it: no file W&B keeps holds the command line."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    key = "sk-live-argv-0123456789"
+    monkeypatch.setattr(
+        sys, "argv", ["pearl", "train", f"env.options.api_key={key}", "env.name=agent"]
+    )
+    log = WandbLog(tmp_path, "pearl-test", "argv", {"run": {"steps": 1}})
+    log.scalars("train", {"loss": 1.0}, 0)
+    log.close()
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60  # W&B's service process may still be writing (above)
+    while len(_history_so_far(run_file)) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    kept = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert kept and not [p for p in kept if b"env.options.api_key" in p.read_bytes()]
+    assert not [p for p in kept if key.encode() in p.read_bytes()]
 
 
 def _config_so_far(run_file):

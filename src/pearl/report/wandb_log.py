@@ -5,6 +5,10 @@ or a ``wandb login`` entry in ``~/.netrc``), offline otherwise (the run is kept 
 run folder's ``wandb/`` and ``wandb sync`` uploads it later); ``WANDB_MODE`` overrides both.
 Each prefix (``train``, ``eval_before``, ...) has its own step axis, ``<prefix>/step``, so
 evaluations and steps never fight over W&B's single monotonic step.
+
+W&B's system metadata (``x_disable_meta``) is off: it holds the process's command line
+(``sys.argv``), where an override may carry a secret. The host, Python and GPU it also
+lists are lost with it (the run folder keeps its own config and summary).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ def wandb_mode() -> str:
 
 class WandbLog:
     """Scalars to a W&B run under ``folder``; the run's config is ``config`` with its
-    secrets redacted (``pearl.redaction``): W&B never receives an API key."""
+    secrets redacted (``pearl.redaction``) and no command line: W&B never receives an
+    API key."""
 
     def __init__(self, folder: str | Path, project: str, name: str, config: dict) -> None:
         try:
@@ -49,7 +54,12 @@ class WandbLog:
             ) from None
         mode = wandb_mode()
         self.run: Any = wandb.init(
-            project=project, name=name, dir=str(folder), config=redact_secrets(config), mode=mode
+            project=project,
+            name=name,
+            dir=str(folder),
+            config=redact_secrets(config),
+            mode=mode,
+            settings=wandb.Settings(x_disable_meta=True),
         )
         self.prefixes: set[str] = set()
         logger.info(f"Weights & Biases: run {name} in project {project} ({mode})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import random
 import signal
 import statistics
@@ -507,13 +508,8 @@ class _LiveRun:
             )
         version, path = last
         remaining = self.first_step + self.cfg.run.steps - version
-        secrets = redacted_keys(redact_secrets(self.cfg.model_dump(mode="json")))
-        again = f" {' '.join(f'{key}=...' for key in secrets)}" if secrets else ""
-        return stop(
-            f"{why} after {len(rows)} steps; {where}; continue from "
-            f"v{version} with: pearl train --config {folder.path / 'config.yaml'} --resume "
-            f"{path} run.steps={remaining} run.run_name={folder.path.name}-resumed{again}"
-        )
+        command = resume_command(self.cfg, folder.path, path, remaining)
+        return stop(f"{why} after {len(rows)} steps; {where}; continue from v{version}{command}")
 
     def close(self) -> None:
         """Stop the actors and close the run's files: every step is tried, whatever fails
@@ -646,6 +642,32 @@ def run_every_step(
             first = first or exc
     if first is not None:
         raise first
+
+
+def resume_command(cfg: TrainConfig, folder: Path, checkpoint: Path, remaining: int) -> str:
+    """``with: pearl train ...``: what continues the run in ``folder`` from ``checkpoint``
+    for its ``remaining`` steps. Its secrets, which the run folder does not keep, are asked
+    for again: the agent endpoint's key in ``$PEARL_AGENT_API_KEY`` (an override would put
+    it on the command line, which every local user can read), others as overrides."""
+    from pearl.agents.plugin import AGENT_ENV, API_KEY_ENV
+
+    secrets = redacted_keys(redact_secrets(cfg.model_dump(mode="json")))
+    overrides = [f"run.steps={remaining}", f"run.run_name={folder.name}-resumed"]
+    note = ""
+    if cfg.env.name == AGENT_ENV and "env.options.api_key" in secrets:
+        secrets.remove("env.options.api_key")
+        overrides.append("env.options.api_key=null")
+        note = (
+            f", the agent endpoint key exported as ${API_KEY_ENV} (an override would show "
+            "it to every local user),"
+        )
+    elif cfg.env.name == AGENT_ENV and os.environ.get(API_KEY_ENV):
+        note = f", ${API_KEY_ENV} set as in this run,"
+    overrides += [f"{key}=..." for key in secrets]
+    return (
+        f"{note} with: pearl train --config {folder / 'config.yaml'} --resume {checkpoint} "
+        + " ".join(overrides)
+    )
 
 
 def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:
