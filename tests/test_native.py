@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ast
 import configparser
+import grp
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ import pytest
 from pearl import native
 from pearl.apps.huge_pages import huge_page_env
 from pearl.apps.process_env import simulation_env
+from pearl.models import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,17 +200,26 @@ def test_a_build_that_is_not_trusted_is_neither_offered_nor_reused(tmp_path):
         native.build(env)
 
 
-def test_the_folders_a_build_makes_are_writable_by_their_owner_only_whatever_the_umask(
-    tmp_path,
+def test_the_cache_folders_pearl_makes_are_writable_by_their_owner_only_whatever_the_umask(
+    tmp_path, monkeypatch
 ):
     """Under a umask of 002 (a group per user) ``mkdir -p`` makes group-writable folders,
-    which the loader refuses: the cache's folders are made 0755."""
+    which the loader refuses above a build unless the group is the user's own: the folders
+    a build and a model conversion make in the cache are 0755."""
+    monkeypatch.setattr(catalog, "convert_gguf", lambda gguf, out: None)  # the folders only
     previous = os.umask(0o002)
     try:
-        native._make_folders(tmp_path / "cache" / "native")
+        catalog.make_cache_folders(tmp_path / "cache" / "native")
+        catalog.model_folder("smollm2-135m", root=tmp_path / "models-cache" / "pearl")
     finally:
         os.umask(previous)
-    for folder in (tmp_path / "cache", tmp_path / "cache" / "native"):
+    for folder in (
+        tmp_path / "cache",
+        tmp_path / "cache" / "native",
+        tmp_path / "models-cache",
+        tmp_path / "models-cache" / "pearl",
+        tmp_path / "models-cache" / "pearl" / "models",
+    ):
         assert folder.stat().st_mode & 0o777 == 0o755, folder
 
 
@@ -222,6 +235,195 @@ def test_pruning_removes_only_this_users_builds(tmp_path):
     os.chown(builds["another users oldest"], 65534, -1)
     native._prune(tmp_path, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["another users oldest", "newest"]
+
+
+# Stands in for mypyc at the process boundary (``python -m mypyc`` in the build's copy of
+# the package): an empty extension beside each source, so a build takes a second, not a
+# minute. The arena library is compiled for real.
+_FAKE_MYPYC = """
+import sys, sysconfig
+from pathlib import Path
+for source in sys.argv[1:]:
+    Path(source).with_suffix(sysconfig.get_config_var("EXT_SUFFIX")).write_bytes(b"")
+"""
+
+
+def _fake_mypyc(folder: Path) -> Path:
+    """A folder to put first on a build's PYTHONPATH so that its ``mypyc`` is the fake."""
+    (folder / "mypyc").mkdir(parents=True)
+    (folder / "mypyc" / "__init__.py").write_text("")
+    (folder / "mypyc" / "__main__.py").write_text(_FAKE_MYPYC)
+    return folder
+
+
+def _run_as(uid: int, code: str, cwd: Path, **env: str) -> str:
+    """Run ``code`` as user ``uid`` (group ``uid``, no other groups) with ``env``; its stdout.
+    The interpreter is this one, or the system's of the same version when this one is out
+    of other users' reach (a virtual environment of root's own Python, here)."""
+    pythonpath = os.pathsep.join(
+        [env.pop("PYTHONPATH", ""), str(native.PACKAGE.parent), sysconfig.get_paths()["purelib"]]
+    )
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for python in (sys.executable, f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
+        try:
+            run = subprocess.run(
+                [python, "-c", code],
+                capture_output=True,
+                text=True,
+                cwd=cwd,
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                env={
+                    **os.environ,
+                    "PYTHONPATH": pythonpath,
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                    "HOME": str(cwd),
+                    **env,
+                },
+                timeout=300,
+            )
+        except (PermissionError, FileNotFoundError):
+            continue
+        assert run.returncode == 0, f"as uid {uid}: {run.stderr}"
+        return run.stdout
+    pytest.skip(f"no {version} that uid {uid} may run")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="running as two other users needs root")
+def test_users_sharing_a_cache_each_get_a_trusted_build_of_their_own():
+    """The shared cache of docs/cluster.md (root's, mode 1777, its native/ too): the first
+    user's build does not take the place of the next one's; each builds, and loads, its own."""
+    if native._missing_tools():
+        pytest.skip(native._missing_tools())
+    shared = Path(tempfile.mkdtemp(prefix="pearl-shared-"))  # tmp_path is root's alone
+    try:
+        shared.chmod(0o755)
+        cache = shared / "cache"
+        for folder in (cache, cache / "native"):
+            folder.mkdir()
+            folder.chmod(0o1777)
+        fake = _fake_mypyc(shared / "fake")
+        code = (
+            "from pearl import native\n"
+            "native.build()\n"
+            "print(native.trusted_build(native.build_dir()).folder, native.native_env())\n"
+        )
+        folders = {}
+        for uid in (65534, 65533):
+            out = _run_as(uid, code, shared, PEARL_CACHE=str(cache), PYTHONPATH=str(fake))
+            folder, offered = out.split(" ", 1)
+            assert offered.strip() == "{'PEARL_NATIVE': '1'}", out
+            folders[uid] = Path(folder)
+        assert folders[65534] != folders[65533]
+        for uid, folder in folders.items():
+            assert folder.is_relative_to(cache / "native")
+            assert folder.stat().st_uid == uid
+            assert (folder / native.MANIFEST).is_file()
+        # Another user made uid 65532's folder first (mode 0700): refused with the reason,
+        # no build, no traceback.
+        squatted = folders[65534].parent.with_name("u65532")
+        squatted.mkdir(mode=0o700)
+        os.chown(squatted, 65533, 65533)
+        code = (
+            "from pearl import native\n"
+            "print(native.native_env())\n"
+            "try:\n"
+            "    native.build()\n"
+            "except native.NativeBuildError as exc:\n"
+            "    print(exc)\n"
+        )
+        out = _run_as(65532, code, shared, PEARL_CACHE=str(cache), PYTHONPATH=str(fake))
+        offered, refusal = out.splitlines()[:2]
+        assert offered == "{}", out
+        assert f"{squatted} (above the build) belongs to uid 65533" in refusal, out
+    finally:
+        shutil.rmtree(shared)
+
+
+def _user_database(monkeypatch, *, members: list[str], others_with_it_primary: bool) -> str:
+    """Group and user lookups as ``pearl.native`` reads them: this user (its process's uid
+    and gid) and, if asked, another user whose primary group is this user's group; the
+    group's listed members. Returns this user's name."""
+    uid, gid = os.getuid(), os.getgid()
+    me = pwd.struct_passwd(("me", "x", uid, gid, "", "/home/me", "/bin/sh"))
+    users = [me]
+    if others_with_it_primary:
+        users.append(pwd.struct_passwd(("bob", "x", uid + 1, gid, "", "/home/bob", "/bin/sh")))
+    groups = {gid: grp.struct_group(("me", "x", gid, list(members)))}
+
+    def getgrgid(number: int) -> grp.struct_group:
+        return groups[number]
+
+    monkeypatch.setattr(pwd, "getpwall", lambda: list(users))
+    monkeypatch.setattr(grp, "getgrgid", getgrgid)
+    return "me"
+
+
+@pytest.mark.parametrize(
+    ("members", "others_with_it_primary", "trusted"),
+    [
+        ([], False, True),  # a user-private group (Debian/Ubuntu, umask 002)
+        (["me"], False, True),  # the user listed in their own group
+        (["alice"], False, False),  # alice may write there
+        (["me", "alice"], False, False),
+        ([], True, False),  # bob's primary group is ours too
+    ],
+)
+def test_a_group_writable_folder_above_the_build_is_trusted_only_for_a_private_group(
+    tmp_path, monkeypatch, members, others_with_it_primary, trusted
+):
+    """``~/.cache`` made 0775 by pip under a umask of 002: accepted when its group is this
+    user's own (the user's primary group, no other member, no one else's primary group),
+    refused when anyone else is in that group."""
+    _user_database(monkeypatch, members=members, others_with_it_primary=others_with_it_primary)
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, os.getuid(), os.getgid())
+    home.chmod(0o775)
+    env = {"PEARL_CACHE": str(home / ".cache" / "pearl")}
+    folder = native.build_dir(env)
+    folder.mkdir(parents=True)
+    (folder / native.MANIFEST).write_text('{"modules": {}}')
+    if trusted:
+        native.trusted_build(folder)
+        assert native.native_env(env) == {"PEARL_NATIVE": "1"}
+    else:
+        with pytest.raises(native.UntrustedBuild, match=f"{home} .*writable by its group"):
+            native.trusted_build(folder)
+        assert native.native_env(env) == {}
+    home.chmod(0o777)  # writable by everyone: refused whatever the group
+    with pytest.raises(native.UntrustedBuild, match="writable by its group or others"):
+        native.trusted_build(folder)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another group needs root")
+def test_a_group_writable_folder_of_another_group_is_refused(tmp_path, monkeypatch):
+    _user_database(monkeypatch, members=[], others_with_it_primary=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, os.getuid(), os.getgid() + 1)  # not this user's primary group
+    home.chmod(0o775)
+    folder = native.build_dir({"PEARL_CACHE": str(home / "cache")})
+    folder.mkdir(parents=True)
+    (folder / native.MANIFEST).write_text('{"modules": {}}')
+    with pytest.raises(native.UntrustedBuild, match="writable by its group"):
+        native.trusted_build(folder)
+
+
+def test_a_build_that_would_not_be_loaded_fails_when_built_saying_why(tmp_path, monkeypatch):
+    """A cache under a folder others may write: ``build`` refuses there and then, with the
+    reason, instead of a warning in every simulation that follows."""
+    if native._missing_tools():
+        pytest.skip(native._missing_tools())
+    monkeypatch.setenv("PYTHONPATH", str(_fake_mypyc(tmp_path / "fake")))
+    ours = {"PEARL_CACHE": str(tmp_path / "ours")}
+    assert native.trusted_build(native.build(ours)).folder == native.build_dir(ours)
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    with pytest.raises(native.NativeBuildError, match=f"{open_to_all} .*writable by its group"):
+        native.build({"PEARL_CACHE": str(open_to_all / "cache")})
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -9,10 +9,11 @@ the same to the bit (the golden digests, ``tests/test_native.py``); the time is 
 (benchmarks/README, "ninth stop").
 
 Nothing here changes the package's files. ``build()`` compiles a copy of the package's
-sources into ``native/<key>`` under PEARL's cache (``$PEARL_CACHE``, default
-``~/.cache/pearl``: ``pearl.models.catalog.cache_root``), where the key
-hashes the modules' sources and the interpreter: an edited module, another Python or another
-machine type gets a build of its own, and an out-of-date build is never loaded. A process
+sources into ``native/u<uid>/<key>`` under PEARL's cache (``$PEARL_CACHE``, default
+``~/.cache/pearl``: ``pearl.models.catalog.cache_root``): a folder per user, so that users
+sharing a cache each build and load their own, and a key that hashes the modules' sources
+and the interpreter: an edited module, another Python or another machine type gets a build
+of its own, and an out-of-date build is never loaded. A process
 uses a build only when started with ``PEARL_NATIVE=1`` and a build for its sources exists:
 ``pearl.apps.process_env.simulation_env`` sets it for the processes PEARL starts for
 simulations (``pearl simulate``'s and ``pearl plan``'s pool, Ray tasks, the benchmarks).
@@ -23,16 +24,18 @@ keeps simulations on them too. Building needs mypy (the ``dev`` extra) and a C c
 A build is code this process runs, so it is loaded only when no one else could have put
 it there (``trusted_build``): the folder, every folder above it and every file it loads
 belong to this user (or root, above the build) and are writable by no one else (a sticky
-folder such as /tmp may be), the manifest names only the modules a build holds
-(``MODULES``, mypyc's runtime library of them, the arena library), each at the path
+folder such as /tmp may be; above the build, so may a folder's group when that group is the
+user's private group: ``_group_not_private``), the manifest names only the modules a build
+holds (``MODULES``, mypyc's runtime library of them, the arena library), each at the path
 ``build`` gives it inside the folder, and no symlink is followed inside it. Anything else
 is ignored with one warning, and the Python modules run (docs/cluster.md, "Shared
-caches").
+caches"); ``build`` checks the same of what it built, and fails saying why.
 """
 
 from __future__ import annotations
 
 import ctypes
+import grp
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -41,6 +44,7 @@ import json
 import logging
 import os
 import platform
+import pwd
 import re
 import shutil
 import stat
@@ -117,12 +121,23 @@ def build_key(package: Path = PACKAGE) -> str:
 
 
 def build_dir(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> Path:
-    return cache_root(environ) / build_key(package)
+    """This user's build of ``package``'s sources: ``native/u<uid>/<key>`` in the cache. The
+    user's folder keeps users sharing a cache apart: each builds, loads and prunes its own."""
+    return cache_root(environ) / f"u{os.getuid()}" / build_key(package)
 
 
 def built(environ: Mapping[str, str] | None = None) -> bool:
     """Whether a build of the current sources exists (trusted or not: ``trusted_build``)."""
-    return (build_dir(environ) / MANIFEST).is_file()
+    return _has_manifest(build_dir(environ))
+
+
+def _has_manifest(folder: Path) -> bool:
+    """Whether ``folder`` holds a manifest; True where that cannot be read (someone else's
+    folder on the way, in a shared cache), for the trust check to say why."""
+    try:
+        return (folder / MANIFEST).is_file()
+    except OSError:
+        return True
 
 
 def _module_file(module: str) -> str | None:
@@ -137,19 +152,49 @@ def _writable_by_others(mode: int) -> bool:
     return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
+def _group_not_private(gid: int) -> str | None:
+    """Why group ``gid`` is not this user's private group (None: it is). A private group is
+    the user's primary group (this process's gid) with no one else in it: no other member
+    listed in the group database, and no other user's primary group (Debian and Ubuntu
+    give each user one, and a umask of 002, so folders made by pip are 0775)."""
+    uid, primary = os.getuid(), os.getgid()
+    if gid != primary:
+        return f"gid {gid} is not this user's primary group (gid {primary})"
+    try:
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return f"gid {gid} is not in the group database, so its members are unknown"
+    users = pwd.getpwall()
+    mine = {user.pw_name for user in users if user.pw_uid == uid}
+    others = sorted(set(group.gr_mem) - mine)
+    others += sorted(u.pw_name for u in users if u.pw_gid == gid and u.pw_uid != uid)
+    if others:
+        return f"group {group.gr_name} (gid {gid}) has other members: {', '.join(others)}"
+    return None
+
+
 def _check_ancestors(folder: Path) -> None:
     """Nobody else can rename or replace anything on the way to ``folder`` (resolved):
     each folder above it belongs to this user or root and is writable by no one else,
-    unless sticky (/tmp: others may add entries there, not move or remove ours)."""
+    unless sticky (/tmp: others may add entries there, not move or remove ours) or only
+    group-writable with the user's private group as its group (``_group_not_private``)."""
     uid = os.getuid()
     for above in folder.parents:
         info = above.stat()
         if info.st_uid not in (uid, 0):
             raise UntrustedBuild(f"{above} (above the build) belongs to uid {info.st_uid}")
-        if _writable_by_others(info.st_mode) and not info.st_mode & stat.S_ISVTX:
+        if info.st_mode & stat.S_ISVTX or not _writable_by_others(info.st_mode):
+            continue
+        if info.st_mode & stat.S_IWOTH:
             raise UntrustedBuild(
                 f"{above} (above the build) is writable by its group or others "
                 f"(mode {stat.filemode(info.st_mode)}, and not sticky)"
+            )
+        why = _group_not_private(info.st_gid)
+        if why is not None:
+            raise UntrustedBuild(
+                f"{above} (above the build) is writable by its group "
+                f"(mode {stat.filemode(info.st_mode)}), which is not this user's own: {why}"
             )
 
 
@@ -189,7 +234,11 @@ def trusted_build(folder: Path) -> TrustedBuild:
     """The build in ``folder``, checked to be this user's own (the module's docstring says
     what is checked). Raises ``UntrustedBuild`` saying what is wrong, ``OSError`` (as
     ``FileNotFoundError``) where there is no build, ``ValueError`` for an unreadable one."""
-    folder = folder.resolve(strict=True)
+    try:
+        folder = folder.resolve(strict=True)
+    except OSError:  # say so where someone else's folder on the way is why
+        _check_ancestors(folder.resolve())
+        raise
     _check_ancestors(folder)
     _check_owned(folder, "folder")
     _check_owned(folder / MANIFEST, "file")
@@ -227,21 +276,23 @@ def _missing_tools() -> str | None:
 
 def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> Path:
     """Compile ``MODULES`` into their cache folder (once per key); return the folder.
-    Raises ``NativeBuildError`` saying what is missing or how the compiler failed."""
+    Raises ``NativeBuildError`` saying what is missing, how the compiler failed, or why the
+    build (an earlier one, or this one) would not be loaded (``trusted_build``)."""
     dest = build_dir(environ, package)
-    if (dest / MANIFEST).is_file():
-        try:
-            trusted_build(dest)
-        except (UntrustedBuild, OSError, ValueError) as exc:
-            raise NativeBuildError(
-                f"a build of these sources is in {dest} but will not be loaded: {exc}. "
-                "Remove it if it is yours, or build in a cache of your own (PEARL_CACHE)"
-            ) from None
+    if _has_manifest(dest):
+        _check_built(dest, f"{dest} (this user's build of these sources)")
         return dest
     missing = _missing_tools()
     if missing:
         raise NativeBuildError(f"cannot build pearl's compiled modules: {missing}")
-    _make_folders(dest.parent)
+    catalog.make_cache_folders(dest.parent)
+    try:  # before a minute of compiling: where the build would go is safe
+        _check_ancestors(dest.parent.resolve() / dest.name)
+    except UntrustedBuild as exc:
+        raise NativeBuildError(
+            f"a build in {dest} would not be loaded: {exc}. Build in a cache of your own "
+            "(PEARL_CACHE)"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="pearl-native-") as tmp:
         # A copy of the package: mypyc type-checks the modules with what they import and
         # writes its extensions next to the sources it compiled.
@@ -286,15 +337,20 @@ def build(environ: Mapping[str, str] | None = None, package: Path = PACKAGE) -> 
         except OSError:  # another process built it first
             shutil.rmtree(staging, ignore_errors=True)
     _prune(dest.parent, keep=KEEP_BUILDS)
+    _check_built(dest, f"built {dest}, but it")
     return dest
 
 
-def _make_folders(folder: Path) -> None:
-    """``mkdir -p`` with each new folder writable by its owner only (``mkdir -p`` gives the
-    ones above the last the umask's mode: group-writable under 002, then refused)."""
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
-    for path in reversed(missing):
-        path.mkdir(mode=0o755, exist_ok=True)
+def _check_built(folder: Path, subject: str) -> None:
+    """Raise ``NativeBuildError`` (``subject`` "will not be loaded", and why) if the build in
+    ``folder`` would not be loaded: here, rather than as a warning in each simulation."""
+    try:
+        trusted_build(folder)
+    except (UntrustedBuild, OSError, ValueError) as exc:
+        raise NativeBuildError(
+            f"{subject} will not be loaded: {exc}. Remove it if it is yours, or build in a "
+            "cache of your own (PEARL_CACHE)"
+        ) from None
 
 
 def _writable_by_owner_only(folder: Path) -> None:

@@ -63,6 +63,16 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "pearl"
 
 
+def make_cache_folders(folder: Path) -> None:
+    """``mkdir -p folder`` with each folder it makes writable by its owner only (0755, less
+    under a stricter umask). Plain ``mkdir -p`` follows the umask: under 002 (a group per
+    user, Debian and Ubuntu) the cache would be group-writable, and ``pearl.native`` refuses
+    a build below a folder others may write."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir(mode=0o755, exist_ok=True)  # the umask may narrow 0755, never widen it
+
+
 def packaged_file(entry: PackagedModel) -> Path:
     """The model file inside the installed distribution (found from its file list)."""
     try:
@@ -103,7 +113,7 @@ def model_folder(
     if _stamp_of(folder) == stamp:
         return folder
     log(f"converting {entry.filename} from {entry.distribution} to {folder} (once)")
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_folders(folder.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))
     try:
         convert_gguf(source, tmp)
