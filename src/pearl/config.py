@@ -88,6 +88,12 @@ class SimSection(_Section):
         description="drop pinned sessions on every weight update (continuing sessions "
         "re-prefill; the prefix cache is emptied on every update either way)",
     )
+    cross_turn_reuse: Literal["prefix", "none"] = Field(
+        "prefix",
+        description="KV a colocated turn starts from: prefix (its pinned session, else the "
+        "prefix cache, up to the first token its prompt changed) or none (no pinned session, "
+        "no prefix-cache hit: every turn prefills its whole prompt); docs/regime.md, Switches",
+    )
 
 
 def plain_run_name(cls, value: str | None) -> str | None:

@@ -351,3 +351,42 @@ def test_a_turn_still_on_its_way_when_the_worker_switches_role_comes_back_aborte
 
     for out in run_virtual(main)[0]:
         assert out.finish_reason == "abort" and out.token_ids == []
+
+
+@pytest.mark.parametrize("scheduling", ["sglang", "mixed"])
+def test_without_cross_turn_reuse_every_turn_prefills_its_whole_prompt(scheduling):
+    """``sim.cross_turn_reuse=none`` (docs/regime.md, Switches): no pinned session and no
+    prefix-cache hit, so the engine computes every prompt token of every turn; the default
+    (``prefix``) serves the earlier turns' KV. Through the config, as ``pearl simulate``."""
+    from pearl.config import load_simulate_config
+    from pearl.control.deployment import Deployment
+    from pearl.sim.build import build_batch, build_cost_model, engine_config
+    from pearl.sim.fixed import simulate_fixed_rollout
+
+    def run(*overrides):
+        cfg = load_simulate_config(
+            None,
+            [
+                "workload.profile=tiny",
+                "workload.num_tasks=1",
+                "workload.group_size=3",
+                f"sim.scheduling={scheduling}",
+                *overrides,
+            ],
+        )
+        batch = build_batch(cfg)
+        cost = build_cost_model(cfg)
+        report = simulate_fixed_rollout(
+            batch, cost, Deployment.parse("1C"), engine_config(cfg.sim), cost.model.vocab_size
+        )
+        prompts = sum(sum(t.context_lengths()) for t in batch.trajectories)
+        assert report.prefill_tokens_computed + report.prefill_tokens_cached == prompts
+        assert report.generated_tokens == sum(t.generated_tokens for t in batch.trajectories)
+        return report, prompts
+
+    reused, prompts = run()
+    assert reused.prefill_tokens_cached > prompts / 2  # appended history: most is held
+    none, _ = run("sim.cross_turn_reuse=none")
+    assert none.prefill_tokens_cached == 0
+    assert none.prefill_tokens_computed == prompts
+    assert none.makespan_s > reused.makespan_s

