@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/regime.py --config configs/headline.yaml   # any rl config
     .venv/bin/python benchmarks/regime.py workload.profile=swe_thinking    # with overrides
     .venv/bin/python benchmarks/regime.py sim.cross_turn_reuse=none        # a switch
+    .venv/bin/python benchmarks/regime.py sim.pd_decode_reuse=none         # SGLang's PD
 
 Reads the workload profile, engine (``sim``) and cost profile (``cluster.profile``) of an
 ``kind: rl`` config, measures every characterization row of docs/regime.md with the
@@ -47,7 +48,8 @@ def main() -> None:
     start = time.perf_counter()
     print(
         f"regime check: workload {setting.profile.name}, engine {cfg.sim.scheduling} "
-        f"(cross-turn reuse {cfg.sim.cross_turn_reuse}), "
+        f"(cross-turn reuse {cfg.sim.cross_turn_reuse}, "
+        f"PD decode reuse {cfg.sim.pd_decode_reuse}), "
         f"{cfg.cluster.gpu} TP{cfg.cluster.tp}, cost profile {cfg.cluster.profile or 'default'}"
     )
     rows = measure(setting, log=print)
@@ -73,6 +75,7 @@ def main() -> None:
                 "workload": setting.profile.name,
                 "scheduling": cfg.sim.scheduling,
                 "cross_turn_reuse": cfg.sim.cross_turn_reuse,
+                "pd_decode_reuse": cfg.sim.pd_decode_reuse,
                 "rows": [r.to_dict() for r in rows],
                 "wall_s": wall,
             },

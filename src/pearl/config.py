@@ -94,6 +94,12 @@ class SimSection(_Section):
         "prefix cache, up to the first token its prompt changed) or none (no pinned session, "
         "no prefix-cache hit: every turn prefills its whole prompt); docs/regime.md, Switches",
     )
+    pd_decode_reuse: Literal["retain", "none"] = Field(
+        "retain",
+        description="what a disaggregated decode worker keeps of a session between turns: "
+        "retain (its KV: a turn moves only the tokens it lacks) or none (nothing, as SGLang's "
+        "PD decode server: every turn moves the whole prompt's KV); docs/regime.md, Switches",
+    )
 
 
 def plain_run_name(cls, value: str | None) -> str | None:

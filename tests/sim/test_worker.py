@@ -1,6 +1,7 @@
 """The simulated worker: engine scheduler + cost model in virtual time, with fast-forward."""
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
@@ -390,3 +391,53 @@ def test_without_cross_turn_reuse_every_turn_prefills_its_whole_prompt(schedulin
     assert none.prefill_tokens_cached == 0
     assert none.prefill_tokens_computed == prompts
     assert none.makespan_s > reused.makespan_s
+
+
+@pytest.mark.parametrize("keep", ["retain", "none"])
+def test_without_decode_reuse_every_pd_turn_moves_its_whole_prompt(keep):
+    """``sim.pd_decode_reuse=none`` (docs/regime.md, Switches): a decode worker keeps no
+    session between turns, as SGLang's PD decode server (chunk cache), so every turn moves
+    the KV of its whole prompt; the prefill worker keeps its cache. ``retain`` (default)
+    moves only the tokens the decode worker lacks. Through the config, as ``pearl simulate``."""
+    from pearl.config import load_simulate_config
+    from pearl.control.router import Router
+    from pearl.sim.build import engine_config
+    from pearl.sim.costmodel import CostModel
+    from pearl.sim.hardware import get_gpu
+    from pearl.sim.kv_mover import SimKVMover
+    from pearl.sim.network import Network
+    from pearl.sim.shapes import load_model_shape
+
+    sim = load_simulate_config(None, [f"sim.pd_decode_reuse={keep}"]).sim
+    cfg = dataclasses.replace(engine_config(sim), block_size=16)
+
+    async def main():
+        cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+        p = SimulatedWorker("p", LinearCost(), cfg, role=WorkerRole.PREFILL, vocab_size=1000)
+        d = SimulatedWorker("d", LinearCost(), cfg, role=WorkerRole.DECODE, vocab_size=1000)
+        mover = SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0, 1], "d": [2, 3]})
+        router = Router(mover)
+        router.set_topology(prefill=[p], decode=[d])
+        context = [5] * 100
+        turns = []
+        for k in range(3):
+            held = await d.session_length("a")
+            before = mover.bytes_moved
+            out = await router.run_turn(TurnRequest(f"a/{k}", "a", context, 20))
+            turns.append((len(context), held, mover.bytes_moved - before, out.telemetry))
+            context = context + out.token_ids + [6 + k] * 30  # an appended observation
+        turns.append((0, await d.session_length("a"), 0, None))
+        p.close()
+        d.close()
+        return turns, cost
+
+    turns, cost = run_virtual(main)[0]
+    for k, (prompt, held, moved, telemetry) in enumerate(turns[:3]):
+        assert moved == cost.kv_bytes(prompt - held)
+        if k:  # the prefill worker serves the earlier turns either way
+            assert telemetry.prefill_tokens_cached > 0
+        if keep == "none":
+            assert held == 0  # nothing kept: the whole prompt moved
+        elif k:
+            assert prompt - held <= 31  # the observation (and the last sampled token)
+    assert (turns[3][1] == 0) is (keep == "none")

@@ -215,7 +215,8 @@ def _describe(cfg: RLExperimentConfig, setting: RLSetting) -> str:
         f"{setting.max_preemptible_gpus} preemptible GPUs; workload {setting.profile.name} "
         f"(batch {setting.profile.batch_size}); engine scheduling {cfg.sim.scheduling}"
         f"{' (cache flushed on weight update)' if cfg.sim.flush_cache_on_weight_update else ''}"
-        f"{' (no cross-turn reuse)' if cfg.sim.cross_turn_reuse == 'none' else ''}; "
+        f"{' (no cross-turn reuse)' if cfg.sim.cross_turn_reuse == 'none' else ''}"
+        f"{' (PD decode keeps no KV between turns)' if cfg.sim.pd_decode_reuse == 'none' else ''}; "
         f"{len(cfg.policies)} policies x "
         f"{len(cfg.elastic.segments)} segments of {cfg.rl.duration_s:.0f} s"
     )

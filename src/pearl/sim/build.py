@@ -59,6 +59,7 @@ def engine_config(sim: SimSection) -> SimEngineConfig:
         max_prefill_tokens=sim.max_prefill_tokens,
         flush_cache_on_weight_update=sim.flush_cache_on_weight_update,
         cross_turn_reuse=sim.cross_turn_reuse,
+        pd_decode_reuse=sim.pd_decode_reuse,
         fast_forward=sim.fast_forward,
     )
 

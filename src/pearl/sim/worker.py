@@ -62,6 +62,19 @@ class CrossTurnReuse(StrEnum):
     the cached tokens, or an engine that keeps no KV between requests)."""
 
 
+class PDDecodeReuse(StrEnum):
+    """What a disaggregated decode worker keeps of a session between its turns
+    (``sim.pd_decode_reuse``)."""
+
+    RETAIN = "retain"
+    """Its KV, pinned, as our engine does: the next turn's move sends only the tokens the
+    decode worker lacks (PEARL's improvement over SGLang's PD)."""
+    NONE = "none"
+    """Nothing, as SGLang's PD decode server: it forces the chunk cache (no radix cache),
+    so every turn moves and allocates the whole prompt's KV from the prefill worker, which
+    keeps its radix cache (prefix hits on prefill workers stay). docs/regime.md, Switches."""
+
+
 @mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class SimEngineConfig(EngineConfig):
@@ -99,6 +112,9 @@ class SimEngineConfig(EngineConfig):
     # cache off in every role; prefill and decode workers still pin the sessions whose KV
     # they hand over or receive.
     cross_turn_reuse: CrossTurnReuse | str = CrossTurnReuse.PREFIX
+    # What a decode worker keeps of a session between turns (``PDDecodeReuse``). ``none``
+    # also turns the prefix cache off in the decode role; prefill workers are unchanged.
+    pd_decode_reuse: PDDecodeReuse | str = PDDecodeReuse.RETAIN
     # Whether an import of KV that the sender exported under weights other than this
     # worker's is refused (``KVTransferError``; the router retries the move until their
     # versions agree), as our live engine refuses it (``LLMEngine.import_kv``). False
@@ -197,9 +213,10 @@ class SimulatedWorker:
         self._on_iteration = on_iteration
         cfg = self.config
         self._reuse = CrossTurnReuse(cfg.cross_turn_reuse)
+        self._decode_reuse = PDDecodeReuse(cfg.pd_decode_reuse)
         self.blocks = RunBlockManager(cfg.num_kv_blocks, cfg.block_size)
         scheduler_config = cfg.scheduler_config(cfg.max_model_len, _engine_role(role))
-        scheduler_config.prefix_cache = self._reuse is not CrossTurnReuse.NONE
+        scheduler_config.prefix_cache = self._prefix_cache(role)
         self.scheduler = Scheduler(scheduler_config, self.blocks)
         self.scheduler.weight_version = weight_version
         self._role = role
@@ -244,7 +261,7 @@ class SimulatedWorker:
     async def decode(self, turn: TurnRequest) -> TurnOutput:
         if self._role is not WorkerRole.DECODE:
             raise EngineStateError(f"worker {self.worker_id} is {self._role}, not decode")
-        return await self._run_turn(turn, pin=True)
+        return await self._run_turn(turn, pin=self._decode_reuse is PDDecodeReuse.RETAIN)
 
     async def session_length(self, session_id: str) -> int:
         if self.config.rpc_overhead_s:
@@ -336,6 +353,10 @@ class SimulatedWorker:
             engine_role = _engine_role(role)
             outs = self.scheduler.hand_back(self.scheduler.incompatible_with(engine_role))
             self.scheduler.config.role = engine_role
+            self.scheduler.config.prefix_cache = self._prefix_cache(role)
+            if role is WorkerRole.DECODE and self._decode_reuse is PDDecodeReuse.NONE:
+                for session_id in list(self.scheduler.sessions):  # kept by its former role
+                    self.scheduler.release_session(session_id)
             self._role = role
             return outs
 
@@ -376,6 +397,12 @@ class SimulatedWorker:
         self.scheduler = Scheduler(self.scheduler.config, self.blocks)
 
     # -- internals -----------------------------------------------------------------
+    def _prefix_cache(self, role: WorkerRole) -> bool:
+        """Whether a turn in ``role`` may start from the prefix cache."""
+        if self._reuse is CrossTurnReuse.NONE:
+            return False
+        return role is not WorkerRole.DECODE or self._decode_reuse is PDDecodeReuse.RETAIN
+
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
