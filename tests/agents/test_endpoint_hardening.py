@@ -179,6 +179,21 @@ def test_stopping_the_endpoint_with_a_call_waiting_for_workers_is_bounded(chat):
     assert t.stop_reason == "env_error" and not t.turns  # the agent saw its call fail
 
 
+def heartbeat(gaps, agent):
+    """A ``during`` that records the event loop's pauses (``gaps``) until ``agent`` has its
+    error."""
+
+    async def beat(router, pool):
+        last = time.monotonic()
+        while not hasattr(agent, "error"):
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    return beat
+
+
 # -- 4. a prompt that cannot fit ---------------------------------------------------------
 
 
@@ -197,15 +212,7 @@ def test_a_prompt_that_cannot_fit_is_refused_without_blocking_the_loop(chat, mon
     monkeypatch.setattr(episode_module, "END_GRACE_S", 30.0)
     gaps = []
 
-    async def heartbeat(router, pool):
-        last = time.monotonic()
-        while not hasattr(sends_a_huge_prompt, "error"):
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    (t,), _, _ = run_agents(chat, sends_a_huge_prompt, during=heartbeat)
+    (t,), _, _ = run_agents(chat, sends_a_huge_prompt, during=heartbeat(gaps, sends_a_huge_prompt))
     assert sends_a_huge_prompt.error["code"] == "context_length_exceeded"
     assert "at least" in sends_a_huge_prompt.error["message"]
     assert t.stop_reason == "context_full" and len(t.turns) == 1
@@ -344,15 +351,9 @@ def test_a_long_prompt_that_may_fit_is_tokenized_off_the_loop(chat, monkeypatch)
                 long_prompt.error = exc.body
         return 1.0
 
-    async def heartbeat(router, pool):
-        last = time.monotonic()
-        while not hasattr(long_prompt, "error"):
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    (t,), _, _ = run_agents(chat, long_prompt, during=heartbeat, max_context=100_000)
+    (t,), _, _ = run_agents(
+        chat, long_prompt, during=heartbeat(gaps, long_prompt), max_context=100_000
+    )
     assert long_prompt.error["message"].startswith("the prompt is 1200")  # it was tokenized
     assert t.stop_reason == "context_full"
     assert max(gaps) < 1.0  # on the loop: ~1.3 s here

@@ -103,7 +103,7 @@ class _Run:
     config: AgentLoopConfig
     max_new_tokens: int
     max_context_tokens: int
-    max_turns: int | None
+    max_turns: int
     result: TrajectoryResult
     last_answer: float
     calls: int = 0  # calls taken so far, those in flight included
@@ -287,7 +287,7 @@ class AgentEpisode:
     async def _complete(self, run: _Run, request: ChatRequest) -> tuple[Reply, list[int]]:
         # Counted as calls start, not as turns end: concurrent calls must not pass the budget.
         run.calls += 1
-        if run.max_turns is not None and run.calls > run.max_turns:
+        if run.calls > run.max_turns:
             self._end(STOP_MAX_TURNS)
             raise ApiError(
                 400, f"the episode's turn budget of {run.max_turns} calls is used", code="max_turns"
