@@ -398,3 +398,31 @@ def test_decode_steps_take_the_larger_attention_bound_with_or_without_the_shortc
         )
         # and the batch-fixed parts cached on first use price the same on later calls
         assert cost.decode_times(batch, total, steps) == cost.decode_times(batch, total, steps)
+
+
+def test_moe_compute_efficiency_prices_only_the_routed_experts_flops():
+    moe, dense = load_model_shape("Qwen3-30B-A3B"), load_model_shape("Qwen3-8B")
+    ratio = 0.25
+    slow = CostConstants(moe_compute_efficiency_ratio=ratio)
+    base_moe, slow_moe = (CostModel(H800, moe, tp=2, constants=c) for c in (CostConstants(), slow))
+    # Compute-bound: an 8K prefill's linear time grows by exactly the experts' FLOPs
+    # re-priced, with the sharp roofline (p = inf) so the compute bound is the whole term.
+    sharp = dict(linear_roofline_exponent=float("inf"), linear_kernel_overhead_s=0.0)
+    a = CostModel(H800, moe, tp=2, constants=CostConstants(**sharp))
+    b = CostModel(
+        H800, moe, tp=2, constants=CostConstants(moe_compute_efficiency_ratio=ratio, **sharp)
+    )
+    routed = 2.0 * moe.moe_layers * moe.num_experts_per_tok * moe.expert_params_per_expert / 2
+    extra = 8192 * routed * (1 / ratio - 1) / (H800.peak_flops * 0.7285)
+    assert b.iteration_cost([(8192, 0)], ()).linear_s == pytest.approx(
+        a.iteration_cost([(8192, 0)], ()).linear_s + extra, rel=1e-9
+    )
+    assert slow_moe.prefill_time(8192) > 1.3 * base_moe.prefill_time(8192)
+    # Decode of a few sequences reads weights (memory-bound): almost unchanged.
+    assert slow_moe.decode_time(4, 4 * 16384) < 1.02 * base_moe.decode_time(4, 4 * 16384)
+    # A dense model has no routed experts: bitwise the same prices.
+    d0, d1 = (CostModel(H800, dense, tp=2, constants=c) for c in (CostConstants(), slow))
+    assert d1.prefill_time(8192, 4096) == d0.prefill_time(8192, 4096)
+    assert d1.decode_times(8, 8 * 1000, 5) == d0.decode_times(8, 8 * 1000, 5)
+    with pytest.raises(ConfigError, match="moe_compute_efficiency_ratio must be > 0"):
+        CostConstants(moe_compute_efficiency_ratio=0.0)

@@ -68,6 +68,10 @@ class CostConstants:
     kv_memory_fraction: float = 0.85
     """Fraction of device memory an engine may fill with weights plus KV cache (like
     SGLang's mem_fraction_static); the rest holds activations and CUDA graphs."""
+    moe_compute_efficiency_ratio: float = 1.0
+    """Compute efficiency of the routed experts' (fused-MoE) kernels as a fraction of
+    ``linear_compute_efficiency``: 1 prices experts as dense GEMMs; below 1 their FLOPs
+    take longer once compute-bound (docs/regime.md, "MoE prefill efficiency")."""
 
     # --- training (GRPO step) ----------------------------------------------------------
     train_mfu: float = 0.35
@@ -107,7 +111,7 @@ class CostConstants:
                     raise ConfigError(
                         f"CostConstants.{f.name} must be >= 1 (inf: sharp max), got {value!r}"
                     )
-            elif f.name.endswith("_efficiency") or f.name == "train_mfu":
+            elif f.name.endswith(("_efficiency", "_efficiency_ratio")) or f.name == "train_mfu":
                 # Above 1 is allowed: calibration may fold a placeholder peak into it.
                 if not value > 0.0:
                     raise ConfigError(f"CostConstants.{f.name} must be > 0, got {value!r}")
@@ -265,6 +269,8 @@ class CostModel:
     _kv_token_bytes: float = field(init=False, repr=False, compare=False)
     _is_moe: bool = field(init=False, repr=False, compare=False)
     _linear_kernels: int = field(init=False, repr=False, compare=False)
+    _extra_expert_flops: float = field(init=False, repr=False, compare=False)
+    """FLOPs added per token so the routed experts' are priced at their own efficiency."""
     # Decode attention's bounds, context * a / b: both (a, b) pairs' divisors, and the pair
     # that is the larger at every context (None if neither always is); a decode step's
     # batch-fixed parts.
@@ -317,6 +323,13 @@ class CostModel:
         setattr_(self, "_is_moe", m.is_moe)
         setattr_(self, "_linear_kernels", 4 * m.num_hidden_layers + 1)
         c, g = self.constants, self.gpu
+        routed = (
+            m.moe_layers * m.num_experts_per_tok * m.expert_params_per_expert if m.is_moe else 0
+        )
+        extra = 0.0
+        if routed and c.moe_compute_efficiency_ratio != 1.0:
+            extra = 2.0 * routed / tp * (1.0 / c.moe_compute_efficiency_ratio - 1.0)
+        setattr_(self, "_extra_expert_flops", extra)
         flops = g.peak_flops * c.attention_compute_efficiency
         memory = g.hbm_bandwidth_Bps * c.kv_memory_efficiency
         setattr_(self, "_attention_divisors", (flops, memory))
@@ -425,9 +438,10 @@ class CostModel:
             )
         linear = 0.0
         if work.tokens:
-            linear = linear_seconds(
-                work.linear_flops, work.weight_bytes, self._linear_kernels, c, g
-            )
+            flops = work.linear_flops
+            if self._extra_expert_flops:  # experts slower than dense GEMMs (their FLOPs weigh more)
+                flops += self._extra_expert_flops * work.tokens
+            linear = linear_seconds(flops, work.weight_bytes, self._linear_kernels, c, g)
         return IterationCost(
             linear_s=linear,
             prefill_attention_s=max(

@@ -332,16 +332,25 @@ SWE_PAPER_TURNS_MEDIAN = 92.0  # fitted to C4 (rollout -19.2% from 16 to 32 GPUs
 SWE_PAPER_ENV_SCALE = 0.137  # fitted to C5 (216.3 s mean trajectory, one per worker)
 
 
-def _swe_paper() -> AgenticProfile:
+def swe_paper_profile(
+    turns_median: float = SWE_PAPER_TURNS_MEDIAN, env_scale: float = SWE_PAPER_ENV_SCALE
+) -> AgenticProfile:
     """``swe_thinking`` in the paper's regime (docs/regime.md): what the paper does not
-    state is either cited or fitted to one characterization row."""
+    state is either cited or fitted to one characterization row. The two fitted values are
+    arguments so that ``benchmarks/regime_fit.py`` can refit them; ``swe_paper`` is this
+    profile at the shipped values."""
+    if not (turns_median > 0 and env_scale >= 0):
+        raise ConfigError(
+            f"swe_paper: turns_median must be > 0 and env_scale >= 0, got {turns_median!r}, "
+            f"{env_scale!r}"
+        )
     base = _swe(thinking=True)
-    scale = SWE_PAPER_ENV_SCALE
+    scale = env_scale
     return dataclasses.replace(
         base,
         name="swe_paper",
         # E (docs/workloads.md): turns LogNormal(sigma 0.75) capped at 100; the median is fitted.
-        turns=LogNormal(median=SWE_PAPER_TURNS_MEDIAN, sigma=0.75),
+        turns=LogNormal(median=turns_median, sigma=0.75),
         # M: coding agents generate ~523 tokens per step (tracelab): LogNormal(350, 0.9) has
         # mean 526. Qwen3's thinking precedes the action and is stripped from later turns,
         # which keep the action (swe_thinking). Cap 8,192 as swe_thinking.
@@ -364,7 +373,7 @@ def _swe_paper() -> AgenticProfile:
 _PROFILES = {
     "swe": _swe,
     "swe_thinking": lambda: _swe(thinking=True),
-    "swe_paper": _swe_paper,
+    "swe_paper": swe_paper_profile,
     "gui": _gui,
     "search": _search,
     "game": _game,
