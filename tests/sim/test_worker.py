@@ -441,3 +441,46 @@ def test_without_decode_reuse_every_pd_turn_moves_its_whole_prompt(keep):
         elif k:
             assert prompt - held <= 31  # the observation (and the last sampled token)
     assert (turns[3][1] == 0) is (keep == "none")
+
+
+@pytest.mark.parametrize("reuse", ["prefix", "none"])
+def test_without_cross_turn_reuse_a_prefill_worker_prefills_every_turn_whole(reuse):
+    """``sim.cross_turn_reuse=none`` holds on disaggregated workers too: the prefill worker
+    pins a session only for its KV move, and each turn still computes its whole prompt, as a
+    colocated turn does (otherwise a split would prefill less than colocation by the switch
+    alone). Under ``prefix`` the earlier turns come from the pinned session."""
+    from pearl.config import load_simulate_config
+    from pearl.control.router import Router
+    from pearl.sim.build import engine_config
+    from pearl.sim.costmodel import CostModel
+    from pearl.sim.hardware import get_gpu
+    from pearl.sim.kv_mover import SimKVMover
+    from pearl.sim.network import Network
+    from pearl.sim.shapes import load_model_shape
+
+    sim = load_simulate_config(None, [f"sim.cross_turn_reuse={reuse}"]).sim
+    cfg = dataclasses.replace(engine_config(sim), block_size=16)
+
+    async def main():
+        cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+        p = SimulatedWorker("p", LinearCost(), cfg, role=WorkerRole.PREFILL, vocab_size=1000)
+        d = SimulatedWorker("d", LinearCost(), cfg, role=WorkerRole.DECODE, vocab_size=1000)
+        mover = SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0, 1], "d": [2, 3]})
+        router = Router(mover)
+        router.set_topology(prefill=[p], decode=[d])
+        context, seen = [5] * 100, []
+        for k in range(3):
+            out = await router.run_turn(TurnRequest(f"a/{k}", "a", context, 20))
+            seen.append((len(context), out.telemetry))
+            context = context + out.token_ids + [6 + k] * 30
+        p.close()
+        d.close()
+        return seen
+
+    seen = run_virtual(main)[0]
+    for k, (prompt, telemetry) in enumerate(seen):
+        assert telemetry.prefill_tokens_computed + telemetry.prefill_tokens_cached == prompt
+        if reuse == "none" or k == 0:
+            assert telemetry.prefill_tokens_cached == 0
+        else:  # the previous prompt (the response was decoded on the decode worker)
+            assert telemetry.prefill_tokens_cached == seen[k - 1][0]

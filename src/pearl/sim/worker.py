@@ -58,8 +58,8 @@ class CrossTurnReuse(StrEnum):
     prompts only append (``swe``), the whole previous context."""
     NONE = "none"
     """Nothing: no pinned session and no prefix-cache hit, so every turn prefills its whole
-    prompt (a scaffold that re-renders each turn's prompt so that it diverges early from
-    the cached tokens, or an engine that keeps no KV between requests)."""
+    prompt, on a colocated or a prefill worker alike (a prefill worker pins the session
+    only for its KV move). docs/regime.md, Switches."""
 
 
 class PDDecodeReuse(StrEnum):
@@ -256,7 +256,9 @@ class SimulatedWorker:
     async def prefill(self, turn: TurnRequest) -> TurnOutput:
         if self._role is not WorkerRole.PREFILL:
             raise EngineStateError(f"worker {self.worker_id} is {self._role}, not prefill")
-        return await self._run_turn(turn, pin=True)
+        # The session stays pinned for the KV move; under cross-turn reuse none the turn
+        # still prefills its whole prompt, as a colocated one does (no role keeps reuse).
+        return await self._run_turn(turn, pin=True, fresh=self._reuse is CrossTurnReuse.NONE)
 
     async def decode(self, turn: TurnRequest) -> TurnOutput:
         if self._role is not WorkerRole.DECODE:
@@ -406,7 +408,8 @@ class SimulatedWorker:
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    async def _run_turn(self, turn: TurnRequest, pin: bool) -> TurnOutput:
+    async def _run_turn(self, turn: TurnRequest, pin: bool, fresh: bool = False) -> TurnOutput:
+        """Run one turn; ``fresh``: drop the session's pinned KV first (prefill it whole)."""
         submitted = self._now()
         role = self._role
         request = engine_request(turn, pin_session=pin)
@@ -414,6 +417,8 @@ class SimulatedWorker:
         admitted = [False]
 
         def apply() -> None:
+            if fresh:
+                self.scheduler.release_session(turn.session_id)
             self.scheduler.add(EngineSequence(request, 0, self._now()))
             self._futures[turn.request_id] = fut
             admitted[0] = True
