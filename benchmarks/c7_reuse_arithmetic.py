@@ -11,7 +11,8 @@ prompt). This prices both on the same trajectories with the cost model's own fun
 
 * the trajectories are the config's workload (``swe_paper``, its seed), run once through the
   single-batch simulator exactly as ``benchmarks/regime.py`` runs C7 (``Qwen3-30B-A3B``, 16
-  GPUs / TP workers colocated); each turn's computed and cached prompt tokens come from its
+  GPUs / TP workers colocated), with cross-turn reuse on (``sim.cross_turn_reuse=prefix``
+  before any override: reading (a) is what a run with reuse computes); each turn's computed and cached prompt tokens come from its
   telemetry, and the simulator's own prefill and decode seconds from its iterations;
 * a turn's prefill is split into ``chunked_prefill_size`` chunks, each priced alone by
   ``CostModel.iteration_cost([(tokens, prior)], ())``, where ``prior`` is the context the
@@ -152,7 +153,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args()
     start = time.perf_counter()
-    cfg = load_simulate_config(args.config, args.overrides)
+    # Reading (a) needs a run with reuse; the shipped paper regime has none (issue 60).
+    cfg = load_simulate_config(args.config, ["sim.cross_turn_reuse=prefix", *args.overrides])
     constants = build_cost_model(cfg).constants  # the config's cost profile
     # As pearl.apps.paper.regime prices C7: the catalog GPU, the profile's constants.
     cost = CostModel(

@@ -13,8 +13,14 @@ borrow gate's events gained ``T_return`` and ``probe`` (the same run without tho
 gives the previous digest: no decision changed), and once (issue 23) when a weight update
 stopped letting KV of the old weights back into the prefix cache: SGLang-mode's flush had
 re-registered the blocks of sequences in flight (``Scheduler.invalidate_cached_kv``, the
-live engine's fix for stale KV served to every later prompt). A deliberate change to
-what is simulated or recorded updates them in the same commit and says why.
+live engine's fix for stale KV served to every later prompt), and once (issue 60) when the
+paper regime was refitted (docs/regime.md): `headline_paper.yaml` without cross-turn reuse
+and with SGLang's PD decode servers, cost profile paper-h800 with NCCL all-reduce, fused-MoE
+efficiency and the trainer's MFU refitted, swe_paper's turns median and environment scale
+refitted; the same run under the old settings (`sim.cross_turn_reuse=prefix`,
+`sim.pd_decode_reuse=retain`, a profile of only `train_mfu: 0.1245`, swe_paper at median 92
+and scale 0.137) still gives the previous digest. A deliberate change to what is simulated
+or recorded updates them in the same commit and says why.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # An availability trace that changes four times in the run (expansions, shrinks).
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
-RL_DIGEST = "013b34d4a27da0e8"  # issue 23: in-flight KV of old weights stays out of the cache
+RL_DIGEST = "7f8568400493d9ed"  # issue 60: the paper regime refitted (was 013b34d4a27da0e8)
 ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
 
 

@@ -125,7 +125,7 @@ def _parse_gpu(raw: Any, where: str) -> GPUSpec:
 
 
 SHIPPED_PROFILES = {
-    "paper-h800": "paper-h800.yaml",  # the paper's trainer, fitted to REGIME row C2
+    "paper-h800": "paper-h800.yaml",  # the paper's cluster: trainer fitted to C2, MoE and all-reduce sourced
     # ... in a system that restarts rollout engines on training GPUs (no process retention)
     "paper-h800-no-retention": "paper-h800-no-retention.yaml",
 }
