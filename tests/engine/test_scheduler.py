@@ -381,3 +381,57 @@ def test_common_prefix_length_matches_a_token_by_token_scan(a, b, limit):
     n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
     expected = next((i for i in range(n) if a[i] != b[i]), n)
     assert _common_prefix_length(a, b, limit) == expected
+
+
+def test_an_imported_session_is_unpinned_last_and_kept_when_its_turn_must_wait():
+    """A decode worker's imported KV is claimed until its turn starts from it: memory
+    pressure unpins every other session first (a PD decode server keeps the KV it
+    preallocated for a transfer), and a turn that cannot be admitted yet gives its session
+    back pinned instead of dropping it (it would prefill the whole prompt again)."""
+    from pearl.errors import KVOutOfMemory
+
+    sched = make_scheduler(num_blocks=9, block_size=4, role=Role.COLOCATED)
+    submit(sched, "old", range(1, 9), max_new=1, session="old", pin=True)
+    drive(sched)  # "old" pinned (3 blocks): a session no turn waits for
+    sched.config.role = Role.DECODE
+    sched.import_session("a", 0, list(range(100, 116)), [])  # 4 blocks, claimed
+    sched.import_session("b", 0, list(range(200, 216)), [])  # 4 more: "old" goes, not "a"
+    assert sched.session_length("a") == 16 and sched.session_length("old") == 0
+    with pytest.raises(KVOutOfMemory):  # only claimed KV is left to unpin: refused
+        sched.import_session("c", 0, list(range(300, 316)), [])
+    assert sched.session_length("a") == sched.session_length("b") == 16
+    # "b"'s turn takes the last free block for its sampled token; "a"'s turn attaches its
+    # 16 tokens, finds no block for its own and waits, its imported KV pinned again.
+    submit(sched, "b/d", list(range(200, 216)) + [7], max_new=3, session="b")
+    submit(sched, "a/d", list(range(100, 116)) + [7], max_new=2, session="a")
+    out = sched.schedule()
+    assert [s.request_id for s in out.decodes] == ["b/d"]
+    assert [s.request_id for s in sched.waiting] == ["a/d"] and sched.session_length("a") == 16
+    sched.postprocess(out, [1], [-1.0], weight_version=0)
+    sched.blocks.check_invariants(sched.all_block_tables())
+    outs = drive(sched)
+    assert outs["a/d"].telemetry.prefill_tokens_computed == 1  # its last token only
+    assert outs["a/d"].telemetry.prefill_tokens_cached == 16
+
+
+@pytest.mark.parametrize("mode", ["sglang", "mixed"])
+def test_sglang_mode_admits_an_import_only_with_room_to_decode(mode):
+    """SGLang's decode server takes a transfer only if 512 tokens per request
+    (--num-reserved-decode-tokens) stay free for decoding, so its running requests are
+    not retracted as they grow; the mixed mode (vLLM-like) takes whatever fits."""
+    from pearl.engine.scheduler import SGLANG_RESERVED_DECODE_TOKENS, SchedulingMode
+    from pearl.errors import KVOutOfMemory
+
+    assert SGLANG_RESERVED_DECODE_TOKENS == 512
+    sched = make_scheduler(
+        num_blocks=40, block_size=16, role=Role.DECODE, mode=SchedulingMode(mode)
+    )
+    sched.import_session("a", 0, list(range(100)), [])  # 7 blocks + 32 reserved: fits 40
+    if mode == "sglang":
+        with pytest.raises(KVOutOfMemory, match="decode growth"):
+            sched.import_session("b", 0, list(range(100)), [])  # 7 + 2 x 32 > 33 free
+        assert sched.session_length("b") == 0 and sched.session_length("a") == 100
+    else:
+        sched.import_session("b", 0, list(range(100)), [])
+        assert sched.session_length("b") == 100
+    sched.blocks.check_invariants(sched.all_block_tables())

@@ -59,6 +59,12 @@ class SchedulingMode(StrEnum):
     of the worker for its duration); otherwise all running sequences decode. No mixing."""
 
 
+SGLANG_RESERVED_DECODE_TOKENS = 512
+"""KV tokens an ``sglang``-mode engine keeps free per request when it admits a KV import:
+SGLang's ``--num-reserved-decode-tokens`` default (512), which its PD decode server's
+preallocation queue checks before taking a transfer (docs/regime.md, Sources)."""
+
+
 @dataclass
 class SchedulerConfig:
     """Batching limits, the iteration composition and the worker's role."""
@@ -145,6 +151,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # ordered by arrival
         self.sessions: OrderedDict[str, Sequence] = OrderedDict()  # pinned KV, LRU first
+        # Sessions imported for a turn that has not started from them yet (a decode
+        # worker's KV in transfer): memory pressure unpins every other session first, as a
+        # PD decode server keeps the KV it preallocated for a transfer.
+        self._claimed: set[str] = set()
         self._arrivals = 0
         self.num_preemptions = 0
         self._finished_early: list[RequestOutput] = []  # finished while scheduling
@@ -312,8 +322,9 @@ class Scheduler:
             seq = self.waiting[0]
             if id(seq) in self._preempted_now:
                 break  # just preempted for memory: do not thrash it back in
+            pinned = None
             if not seq.block_table:
-                self._attach_kv(seq)
+                pinned = self._attach_kv(seq)
             if seq.num_uncomputed_tokens == 1 and role is not Role.PREFILL:
                 ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
                 if ok:
@@ -330,8 +341,10 @@ class Scheduler:
                     )
                     budget -= chunk
             if not ok:
-                # Out of memory: drop what the head attached (full blocks stay cached) and wait.
-                self.blocks.release(seq)
+                # Out of memory: the head waits; a session it attached is pinned again (an
+                # imported turn keeps its KV), KV from the prefix cache goes (full blocks
+                # stay cached).
+                self._detach_head(seq, pinned)
                 break
             self._admit_head(now)
             scheduled.add(id(seq))
@@ -365,8 +378,9 @@ class Scheduler:
             seq = self.waiting[0]
             if id(seq) in self._preempted_now:
                 break
+            pinned = None
             if not seq.block_table:
-                self._attach_kv(seq)
+                pinned = self._attach_kv(seq)
             if decode_ready(seq):
                 ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
             elif budget == 0:
@@ -380,7 +394,7 @@ class Scheduler:
                     scheduled.add(id(seq))
                     budget -= chunk
             if not ok:
-                self.blocks.release(seq)
+                self._detach_head(seq, pinned)
                 break
             self._admit_head(now)
         if out.prefills:
@@ -402,6 +416,8 @@ class Scheduler:
     def _admit_head(self, now: float) -> None:
         """Move the head of the waiting queue (its KV reserved) into the running set."""
         seq = self.waiting.popleft()
+        if seq.session_id is not None:
+            self._claimed.discard(seq.session_id)  # its imported KV is in use now
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         if seq.telemetry.started_at is None:
@@ -418,8 +434,9 @@ class Scheduler:
         scheduled.add(id(seq))
         return chunk
 
-    def _attach_kv(self, seq: Sequence) -> None:
-        """Start ``seq`` from its pinned session's KV, else from the prefix cache."""
+    def _attach_kv(self, seq: Sequence) -> Sequence | None:
+        """Start ``seq`` from its pinned session's KV, else from the prefix cache; returns the
+        session's pinned sequence when ``seq`` took its KV (for ``_detach_head``)."""
         pinned = self.sessions.get(seq.session_id) if seq.session_id is not None else None
         if pinned is not None and seq.attach_hint is None:
             # Keeps all of it for an append; for an edited context the block-aligned common
@@ -443,6 +460,8 @@ class Scheduler:
             pinned.block_table = []
             self.blocks.cache_queries += seq.num_tokens
             self.blocks.cache_hits += held
+            seq.telemetry.prefill_tokens_cached += held
+            return pinned
         else:
             if seq.session_id is not None:
                 self.release_session(seq.session_id)
@@ -453,6 +472,26 @@ class Scheduler:
             if held:  # every update empties the cache: what it holds, these weights computed
                 seq.kv_version = self.weight_version
         seq.telemetry.prefill_tokens_cached += held
+        return None
+
+    def _detach_head(self, seq: Sequence, pinned: Sequence | None) -> None:
+        """The waiting head ``seq`` could not be admitted: give back what it attached. KV it
+        took from its session (``pinned``, returned by ``_attach_kv``) is pinned again (still
+        claimed if it was imported for this turn); prefix-cache blocks are released."""
+        if pinned is None or seq.session_id is None:
+            self.blocks.release(seq)
+            return
+        held = seq.num_computed_tokens
+        pinned.block_table, seq.block_table = seq.block_table, []
+        pinned.num_hashed_blocks = seq.num_hashed_blocks
+        seq.num_hashed_blocks = 0
+        seq.num_computed_tokens = 0
+        seq.cacheable = True
+        seq.kv_version = None
+        seq.telemetry.prefill_tokens_cached -= held
+        self.blocks.cache_queries -= seq.num_tokens
+        self.blocks.cache_hits -= held
+        self.sessions[seq.session_id] = pinned
 
     def _reserve(
         self, seq: Sequence, num_tokens: int, scheduled: set[int], may_preempt: bool = True
@@ -467,14 +506,19 @@ class Scheduler:
                 return True
             except OutOfBlocks:
                 pass
-            if self.sessions:
-                self.release_session(next(iter(self.sessions)))
+            unclaimed = self._unclaimed_session()
+            if unclaimed is not None:
+                self.release_session(unclaimed)
                 continue
             if not may_preempt:
                 return False
             victim = next(
                 (s for s in reversed(self.running) if id(s) not in scheduled and s is not seq), None
             )
+            if victim is None and self.sessions:
+                # Only claimed KV is left: the newest claim goes (its turn prefills it again).
+                self.release_session(next(reversed(self.sessions)))
+                continue
             if victim is None:
                 if seq.status is SequenceStatus.RUNNING and len(self.running) == 1:
                     # Alone and still out of blocks: the KV cache is smaller than this sequence.
@@ -584,6 +628,7 @@ class Scheduler:
     def release_session(self, session_id: str) -> bool:
         """Unpin a session's KV (full blocks stay in the prefix cache until evicted)."""
         seq = self.sessions.pop(session_id, None)
+        self._claimed.discard(session_id)
         if seq is None:
             return False
         self.blocks.release(seq)
@@ -646,6 +691,7 @@ class Scheduler:
             pinned.kv_version = kv_version
         self.blocks.commit(pinned)
         self.sessions[session_id] = pinned
+        self._claimed.add(session_id)
         return pinned, overlap
 
     def _check_continues(
@@ -691,19 +737,36 @@ class Scheduler:
     def _reserve_import(self, session_id: str, pinned: Sequence, held: int, end: int) -> None:
         """Blocks for ``pinned`` (out of the sessions table) up to ``end`` tokens, unpinning
         other sessions if needed; raises ``KVOutOfMemory`` with ``pinned`` put back (if it
-        held any) when they do not fit."""
+        held any) when they do not fit. In ``sglang`` mode the import must also leave
+        ``SGLANG_RESERVED_DECODE_TOKENS`` free per request on this engine (its own included),
+        as SGLang's decode server admits a transfer only with that room for decoding."""
+        reserve = 0
+        if self.config.mode is SchedulingMode.SGLANG:
+            requests = len(self.running) + len(self.waiting) + len(self._claimed) + 1
+            reserve = -(-SGLANG_RESERVED_DECODE_TOKENS * requests // self.blocks.block_size)
         while True:
             try:
+                if reserve and (
+                    self.blocks.blocks_needed(pinned, end) + reserve > self.blocks.num_free_blocks
+                ):
+                    raise OutOfBlocks(f"no room for {reserve} blocks of decode growth")
                 self.blocks.allocate(pinned, end)
                 return
             except OutOfBlocks as exc:
-                if not self.sessions:
+                unclaimed = self._unclaimed_session()
+                if unclaimed is None:  # what is left is KV other transfers claimed
                     if held:
                         self.sessions[session_id] = pinned
                     raise KVOutOfMemory(
                         f"session {session_id!r}: no KV memory for {end - held} more tokens ({exc})"
                     ) from exc
-                self.release_session(next(iter(self.sessions)))
+                self.release_session(unclaimed)
+
+    def _unclaimed_session(self) -> str | None:
+        """The least recently used pinned session no imported turn waits for, if any."""
+        if not self._claimed:
+            return next(iter(self.sessions), None)
+        return next((sid for sid in self.sessions if sid not in self._claimed), None)
 
     def new_weights(self, version: int, flush: bool = False) -> None:
         """Weights ``version`` were installed between two iterations: from now on a prefix
