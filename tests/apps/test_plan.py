@@ -288,3 +288,14 @@ def test_a_reserved_pool_runs_once_and_its_run_stands_for_every_trace(tmp_path):
     assert again.exit_code == 0, again.output
     assert "plan grid" not in again.output  # nothing simulated again
     assert (runs / "roll@r4-tp2@segment2@seed0.json").is_file()
+
+
+@pytest.mark.parametrize("config", ["plan_paper.yaml", "plan_fleet.yaml"])
+def test_the_paper_plans_run_the_fitted_paper_regime(config):
+    """The plans in the paper's regime run headline_paper.yaml's engine, workload profile and
+    cost profile (docs/regime.md, "The fit"), so a refit of the regime reaches `pearl plan`."""
+    plan = yaml.safe_load((CONFIGS / config).read_text())
+    headline = yaml.safe_load((CONFIGS / "headline_paper.yaml").read_text())
+    assert plan["sim"] == headline["sim"]
+    assert plan["workload"]["profile"] == headline["workload"]["profile"] == "swe_paper"
+    assert plan["cluster"]["profile"] == headline["cluster"]["profile"] == "paper-h800"
