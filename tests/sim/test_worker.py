@@ -393,31 +393,45 @@ def test_without_cross_turn_reuse_every_turn_prefills_its_whole_prompt(schedulin
     assert none.makespan_s > reused.makespan_s
 
 
-@pytest.mark.parametrize("keep", ["retain", "none"])
-def test_without_decode_reuse_every_pd_turn_moves_its_whole_prompt(keep):
-    """``sim.pd_decode_reuse=none`` (docs/regime.md, Switches): a decode worker keeps no
-    session between turns, as SGLang's PD decode server (chunk cache), so every turn moves
-    the KV of its whole prompt; the prefill worker keeps its cache. ``retain`` (default)
-    moves only the tokens the decode worker lacks. Through the config, as ``pearl simulate``."""
+def _engine_from_config(override: str) -> SimEngineConfig:
+    """The engine a ``pearl simulate`` config with ``override`` builds, in blocks of 16."""
     from pearl.config import load_simulate_config
-    from pearl.control.router import Router
     from pearl.sim.build import engine_config
+
+    return dataclasses.replace(
+        engine_config(load_simulate_config(None, [override]).sim), block_size=16
+    )
+
+
+def _one_prefill_one_decode(cfg: SimEngineConfig):
+    """1P1D of ``cfg`` workers behind a router whose KV moves cost Qwen3-8B's bytes on H800
+    (call inside the virtual loop): (cost model, prefill, decode, mover, router)."""
+    from pearl.control.router import Router
     from pearl.sim.costmodel import CostModel
     from pearl.sim.hardware import get_gpu
     from pearl.sim.kv_mover import SimKVMover
     from pearl.sim.network import Network
     from pearl.sim.shapes import load_model_shape
 
-    sim = load_simulate_config(None, [f"sim.pd_decode_reuse={keep}"]).sim
-    cfg = dataclasses.replace(engine_config(sim), block_size=16)
+    cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
+    p = SimulatedWorker("p", LinearCost(), cfg, role=WorkerRole.PREFILL, vocab_size=1000)
+    d = SimulatedWorker("d", LinearCost(), cfg, role=WorkerRole.DECODE, vocab_size=1000)
+    mover = SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0, 1], "d": [2, 3]})
+    router = Router(mover)
+    router.set_topology(prefill=[p], decode=[d])
+    return cost, p, d, mover, router
+
+
+@pytest.mark.parametrize("keep", ["retain", "none"])
+def test_without_decode_reuse_every_pd_turn_moves_its_whole_prompt(keep):
+    """``sim.pd_decode_reuse=none`` (docs/regime.md, Switches): a decode worker keeps no
+    session between turns, as SGLang's PD decode server (chunk cache), so every turn moves
+    the KV of its whole prompt; the prefill worker keeps its cache. ``retain`` (default)
+    moves only the tokens the decode worker lacks. Through the config, as ``pearl simulate``."""
+    cfg = _engine_from_config(f"sim.pd_decode_reuse={keep}")
 
     async def main():
-        cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
-        p = SimulatedWorker("p", LinearCost(), cfg, role=WorkerRole.PREFILL, vocab_size=1000)
-        d = SimulatedWorker("d", LinearCost(), cfg, role=WorkerRole.DECODE, vocab_size=1000)
-        mover = SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0, 1], "d": [2, 3]})
-        router = Router(mover)
-        router.set_topology(prefill=[p], decode=[d])
+        cost, p, d, mover, router = _one_prefill_one_decode(cfg)
         context = [5] * 100
         turns = []
         for k in range(3):
@@ -449,25 +463,10 @@ def test_without_cross_turn_reuse_a_prefill_worker_prefills_every_turn_whole(reu
     pins a session only for its KV move, and each turn still computes its whole prompt, as a
     colocated turn does (otherwise a split would prefill less than colocation by the switch
     alone). Under ``prefix`` the earlier turns come from the pinned session."""
-    from pearl.config import load_simulate_config
-    from pearl.control.router import Router
-    from pearl.sim.build import engine_config
-    from pearl.sim.costmodel import CostModel
-    from pearl.sim.hardware import get_gpu
-    from pearl.sim.kv_mover import SimKVMover
-    from pearl.sim.network import Network
-    from pearl.sim.shapes import load_model_shape
-
-    sim = load_simulate_config(None, [f"sim.cross_turn_reuse={reuse}"]).sim
-    cfg = dataclasses.replace(engine_config(sim), block_size=16)
+    cfg = _engine_from_config(f"sim.cross_turn_reuse={reuse}")
 
     async def main():
-        cost = CostModel(get_gpu("H800"), load_model_shape("Qwen3-8B"), tp=2)
-        p = SimulatedWorker("p", LinearCost(), cfg, role=WorkerRole.PREFILL, vocab_size=1000)
-        d = SimulatedWorker("d", LinearCost(), cfg, role=WorkerRole.DECODE, vocab_size=1000)
-        mover = SimKVMover(Network.for_gpu(cost.gpu, 1), cost, {"p": [0, 1], "d": [2, 3]})
-        router = Router(mover)
-        router.set_topology(prefill=[p], decode=[d])
+        cost, p, d, mover, router = _one_prefill_one_decode(cfg)
         context, seen = [5] * 100, []
         for k in range(3):
             out = await router.run_turn(TurnRequest(f"a/{k}", "a", context, 20))
