@@ -133,6 +133,7 @@ def main() -> None:
                 "constants": args.constant,
                 "turns_median": median if cfg.workload.profile == "swe_paper" else None,
                 "env_scale": scale if cfg.workload.profile == "swe_paper" else None,
+                "train_mfu": setting.constants.train_mfu,
                 "refit": None
                 if fit is None
                 else [

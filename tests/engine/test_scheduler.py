@@ -390,7 +390,11 @@ def test_an_imported_session_is_unpinned_last_and_kept_when_its_turn_must_wait()
     back pinned instead of dropping it (it would prefill the whole prompt again)."""
     from pearl.errors import KVOutOfMemory
 
-    sched = make_scheduler(num_blocks=9, block_size=4, role=Role.COLOCATED)
+    from pearl.engine.scheduler import SchedulingMode
+
+    sched = make_scheduler(
+        num_blocks=9, block_size=4, mode=SchedulingMode.SGLANG, reserved_decode_tokens=0
+    )
     submit(sched, "old", range(1, 9), max_new=1, session="old", pin=True)
     drive(sched)  # "old" pinned (3 blocks): a session no turn waits for
     sched.config.role = Role.DECODE
@@ -435,3 +439,63 @@ def test_sglang_mode_admits_an_import_only_with_room_to_decode(mode):
         sched.import_session("b", 0, list(range(100)), [])
         assert sched.session_length("b") == 100
     sched.blocks.check_invariants(sched.all_block_tables())
+
+
+@pytest.mark.parametrize("mode", ["sglang", "mixed"])
+def test_a_decode_engine_full_of_imported_turns_still_runs_them(mode):
+    """Two imported turns fill a decode engine's KV and neither has a block for its sampled
+    token. Nothing runs to free memory, so one session goes (its turn prefills again) and
+    both finish; holding every claim would stall the engine for ever."""
+    from pearl.engine.scheduler import SchedulingMode
+
+    sched = make_scheduler(
+        num_blocks=8,
+        block_size=4,
+        role=Role.DECODE,
+        mode=SchedulingMode(mode),
+        reserved_decode_tokens=0,
+        local_prefill_max_tokens=64,
+    )
+    for sid in ("a", "b"):
+        sched.import_session(sid, 0, list(range(16)), [])
+        submit(sched, f"{sid}/d", list(range(16)) + [7], max_new=2, session=sid)
+    outs = drive(sched)
+    assert sorted(outs) == ["a/d", "b/d"]
+
+
+def test_an_aborted_imported_turn_leaves_its_kv_unclaimed():
+    """A waiting imported turn that is aborted (a weight update, a hand-back) no longer
+    holds its session against memory pressure: the next import may unpin it."""
+    from pearl.engine.scheduler import SchedulingMode
+
+    sched = make_scheduler(
+        num_blocks=8,
+        block_size=4,
+        role=Role.DECODE,
+        mode=SchedulingMode.SGLANG,
+        reserved_decode_tokens=0,
+    )
+    sched.import_session("a", 0, list(range(16)), [])
+    submit(sched, "a/d", list(range(16)) + [7], max_new=2, session="a")
+    sched.abort("a/d")
+    sched.import_session("c", 0, list(range(100, 132)), [])  # all 8 blocks: "a" goes
+    assert sched.session_length("a") == 0 and sched.session_length("c") == 32
+    sched.blocks.check_invariants(sched.all_block_tables())
+
+
+def test_the_decode_reserve_counts_each_request_once():
+    """SGLang counts a request once whether it waits or its KV is still arriving: a turn
+    waiting on its claimed session is one request, not two."""
+    from pearl.engine.scheduler import SchedulingMode
+
+    sched = make_scheduler(
+        num_blocks=20,
+        block_size=4,
+        role=Role.DECODE,
+        mode=SchedulingMode.SGLANG,
+        reserved_decode_tokens=16,  # 4 blocks per request
+    )
+    sched.import_session("a", 0, list(range(16)), [])  # 4 blocks + 4 reserved
+    submit(sched, "a/d", list(range(16)) + [7], max_new=2, session="a")  # still waiting
+    sched.import_session("b", 0, list(range(20)), [])  # 5 blocks + 2 x 4 reserved <= 16 free
+    assert sched.session_length("b") == 20

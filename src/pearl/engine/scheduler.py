@@ -83,6 +83,9 @@ class SchedulerConfig:
     # False: no request starts from the prefix cache (SGLang's --disable-radix-cache); a
     # request still starts from its session's pinned KV, which its caller asked to keep.
     prefix_cache: bool = True
+    # ``sglang`` mode, decode role: KV tokens kept free per request when an import is
+    # admitted (SGLang's --num-reserved-decode-tokens).
+    reserved_decode_tokens: int = SGLANG_RESERVED_DECODE_TOKENS
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 2:
@@ -151,9 +154,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # ordered by arrival
         self.sessions: OrderedDict[str, Sequence] = OrderedDict()  # pinned KV, LRU first
-        # Sessions imported for a turn that has not started from them yet (a decode
-        # worker's KV in transfer): memory pressure unpins every other session first, as a
-        # PD decode server keeps the KV it preallocated for a transfer.
+        # Sessions imported for a turn that has not started from them yet, on an sglang-mode
+        # decode engine (a PD decode server's KV in transfer): memory pressure unpins every
+        # other session first, as SGLang's decode server keeps the KV it preallocated for a
+        # transfer. Cleared when the turn starts, is aborted, or the session is released.
         self._claimed: set[str] = set()
         self._arrivals = 0
         self.num_preemptions = 0
@@ -384,6 +388,7 @@ class Scheduler:
             if decode_ready(seq):
                 ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
             elif budget == 0:
+                self._detach_head(seq, pinned)  # waits for the next batch, its KV pinned
                 break
             else:
                 chunk = min(seq.num_uncomputed_tokens, budget)
@@ -510,6 +515,11 @@ class Scheduler:
             if unclaimed is not None:
                 self.release_session(unclaimed)
                 continue
+            if self.sessions and not self.running:
+                # Only claimed KV is left and nothing runs to free any: the newest claim goes
+                # (its turn prefills it again), or no turn would ever start.
+                self.release_session(next(reversed(self.sessions)))
+                continue
             if not may_preempt:
                 return False
             victim = next(
@@ -621,6 +631,8 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
+        if seq.session_id is not None:
+            self._claimed.discard(seq.session_id)  # its imported KV waits for no turn now
         self.blocks.release(seq)
         seq.status = SequenceStatus.FINISHED
         return seq.to_output(reason)
@@ -691,7 +703,8 @@ class Scheduler:
             pinned.kv_version = kv_version
         self.blocks.commit(pinned)
         self.sessions[session_id] = pinned
-        self._claimed.add(session_id)
+        if self._decode_server():
+            self._claimed.add(session_id)
         return pinned, overlap
 
     def _check_continues(
@@ -741,13 +754,19 @@ class Scheduler:
         ``SGLANG_RESERVED_DECODE_TOKENS`` free per request on this engine (its own included),
         as SGLang's decode server admits a transfer only with that room for decoding."""
         reserve = 0
-        if self.config.mode is SchedulingMode.SGLANG:
-            requests = len(self.running) + len(self.waiting) + len(self._claimed) + 1
-            reserve = -(-SGLANG_RESERVED_DECODE_TOKENS * requests // self.blocks.block_size)
+        if self._decode_server():
+            # One per request on this engine: running, waiting, imported for a turn not yet
+            # submitted, and this one (a waiting turn's claimed session is not counted twice).
+            waiting = {q.session_id for q in self.waiting}
+            requests = len(self.running) + len(self.waiting) + 1
+            requests += sum(1 for sid in self._claimed if sid not in waiting)
+            tokens = self.config.reserved_decode_tokens * requests
+            reserve = -(-tokens // self.blocks.block_size)
         while True:
             try:
                 if reserve and (
-                    self.blocks.blocks_needed(pinned, end) + reserve > self.blocks.num_free_blocks
+                    -(-end // self.blocks.block_size) - len(pinned.block_table) + reserve
+                    > self.blocks.num_free_blocks
                 ):
                     raise OutOfBlocks(f"no room for {reserve} blocks of decode growth")
                 self.blocks.allocate(pinned, end)
@@ -762,9 +781,17 @@ class Scheduler:
                     ) from exc
                 self.release_session(unclaimed)
 
+    def _decode_server(self) -> bool:
+        """Whether this engine runs as SGLang's PD decode server (sglang mode, decode role):
+        it claims imported KV and admits an import only with room to decode."""
+        return self.config.mode is SchedulingMode.SGLANG and self.config.role is Role.DECODE
+
     def _unclaimed_session(self) -> str | None:
         """The least recently used pinned session no imported turn waits for, if any."""
         if not self._claimed:
+            return next(iter(self.sessions), None)
+        if not self._decode_server():  # the role changed: its claims no longer hold
+            self._claimed.clear()
             return next(iter(self.sessions), None)
         return next((sid for sid in self.sessions if sid not in self._claimed), None)
 

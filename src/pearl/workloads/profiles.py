@@ -339,7 +339,7 @@ def swe_paper_profile(
 ) -> AgenticProfile:
     """``swe_thinking`` in the paper's regime (docs/regime.md): what the paper does not
     state is either cited or fitted to one characterization row. The two fitted values are
-    arguments so that ``benchmarks/regime_fit.py`` can refit them; ``swe_paper`` is this
+    arguments so that ``benchmarks/regime.py --refit`` can refit them; ``swe_paper`` is this
     profile at the shipped values."""
     if not (turns_median > 0 and env_scale >= 0):
         raise ConfigError(

@@ -120,7 +120,7 @@ def test_refitting_recovers_the_environment_scale_and_keeps_the_nearest_median()
     target = mean_trajectory_s(s, _tiny_at(6, 0.3))
     scale, trajectory = fit_env_scale(s, _tiny_at, 6, steps=10, high=1.0, target_s=target)
     assert scale == pytest.approx(0.3, abs=0.01) and trajectory == pytest.approx(target, rel=0.02)
-    fit = fit_c4_c5(s, _tiny_at, (2, 8))
+    fit = fit_c4_c5(s, _tiny_at, (2, 8), c5_target_s=target, c2_target_s=5.0)
     assert [m for m, _, _ in fit.tried] == [2, 8]
     nearest = min(fit.tried, key=lambda t: abs(t[2] + 0.192))
     assert (fit.turns_median, fit.env_scale, fit.change_16_32) == nearest
@@ -129,10 +129,16 @@ def test_refitting_recovers_the_environment_scale_and_keeps_the_nearest_median()
     from pearl.apps.paper.regime import _run, fit_train_mfu, train_step_s
     from pearl.workloads.agentic import generate_batch
 
-    assert fit.train_mfu == fit_train_mfu(s, _tiny_at(fit.turns_median, fit.env_scale))
+    assert fit.train_mfu == fit_train_mfu(
+        s, _tiny_at(fit.turns_median, fit.env_scale), target_s=5.0
+    )
     mfu = fit_train_mfu(s, _tiny_at(6, 0.3), target_s=5.0)
     at = dataclasses.replace(s, constants=dataclasses.replace(s.constants, train_mfu=mfu))
     batch = generate_batch(_tiny_at(6, 0.3), seed=s.seed)
     assert train_step_s(at, _run(at, batch, "Qwen3-8B", 8)) == pytest.approx(5.0, rel=1e-3)
     with pytest.raises(ValueError, match="at least one turns median"):
         fit_c4_c5(s, _tiny_at, ())
+    with pytest.raises(ValueError, match="no environment scale in"):  # tiny never takes 216 s
+        fit_env_scale(s, _tiny_at, 6, steps=4)
+    with pytest.raises(ValueError, match="no trainer MFU"):
+        fit_train_mfu(s, _tiny_at(6, 0.3), target_s=1e6)

@@ -218,7 +218,13 @@ def fit_env_scale(
         else:
             hi = mid
     scale = round((lo + hi) / 2, 5)
-    return scale, mean_trajectory_s(s, make(turns_median, scale))
+    trajectory = mean_trajectory_s(s, make(turns_median, scale))
+    if abs(trajectory / target - 1) > 0.05:  # the target lies outside [0, high]
+        raise ValueError(
+            f"C5 fit at turns median {turns_median:g}: no environment scale in [0, {high:g}] "
+            f"gives a {target:g} s trajectory (got {trajectory:.1f} s at {scale:g})"
+        )
+    return scale, trajectory
 
 
 def fit_c4_c5(
@@ -226,6 +232,8 @@ def fit_c4_c5(
     make: Callable[[float, float], AgenticProfile],
     medians: tuple[float, ...],
     log: Callable[[str], None] = lambda line: None,
+    c5_target_s: float = 216.3,
+    c2_target_s: float = 163.8,
 ) -> Fit:
     """For each turns median, fit the environment scale to C5, then read C4's 16 -> 32
     change off; keep the median whose change is closest to the paper's -19.2% (the
@@ -235,7 +243,11 @@ def fit_c4_c5(
     tried = []
     best: Fit | None = None
     for median in medians:
-        scale, trajectory = fit_env_scale(s, make, median)
+        try:
+            scale, trajectory = fit_env_scale(s, make, median, target_s=c5_target_s)
+        except ValueError as exc:  # this median cannot meet C5 at any scale: not a candidate
+            log(f"  turns median {median:g}: skipped ({exc})")
+            continue
         batch = generate_batch(make(median, scale), seed=s.seed)
         r16 = _run(s, batch, "Qwen3-8B", 16 // s.tp).makespan_s
         r32 = _run(s, batch, "Qwen3-8B", 32 // s.tp).makespan_s
@@ -247,8 +259,9 @@ def fit_c4_c5(
         )
         if best is None or abs(change + 0.192) < abs(best.change_16_32 + 0.192):
             best = Fit(median, scale, trajectory, change, ())
-    assert best is not None  # medians is not empty
-    mfu = fit_train_mfu(s, make(best.turns_median, best.env_scale))
+    if best is None:
+        raise ValueError(f"fit_c4_c5: no turns median in {medians} meets C5")
+    mfu = fit_train_mfu(s, make(best.turns_median, best.env_scale), target_s=c2_target_s)
     log(f"  trainer MFU {mfu:.4f} (C2 on the fitted batch)")
     return dataclasses.replace(best, tried=tuple(tried), train_mfu=mfu)
 
@@ -266,4 +279,8 @@ def fit_train_mfu(s: RegimeSetting, profile: AgenticProfile, target_s: float = 1
             lo = mid
         else:
             hi = mid
-    return round((lo + hi) / 2, 5)
+    mfu = round((lo + hi) / 2, 5)
+    at = dataclasses.replace(s, constants=dataclasses.replace(s.constants, train_mfu=mfu))
+    if abs(train_step_s(at, report) / target_s - 1) > 0.01:  # outside [1e-4, 1]
+        raise ValueError(f"C2 fit: no trainer MFU in (0, 1] gives a {target_s:g} s step")
+    return mfu
