@@ -388,9 +388,8 @@ def test_an_imported_session_is_unpinned_last_and_kept_when_its_turn_must_wait()
     pressure unpins every other session first (a PD decode server keeps the KV it
     preallocated for a transfer), and a turn that cannot be admitted yet gives its session
     back pinned instead of dropping it (it would prefill the whole prompt again)."""
-    from pearl.errors import KVOutOfMemory
-
     from pearl.engine.scheduler import SchedulingMode
+    from pearl.errors import KVOutOfMemory
 
     sched = make_scheduler(
         num_blocks=9, block_size=4, mode=SchedulingMode.SGLANG, reserved_decode_tokens=0
