@@ -29,6 +29,9 @@ from pearl.workloads.batch import RolloutBatch
 from pearl.workloads.profiles import AgenticProfile
 
 TOLERANCE = 0.15  # a row holds when the simulator is within 15% of the target
+C2_TRAIN_STEP_S = 163.8  # §3.1: a GRPO step of Qwen3-8B on 8 GPUs
+C4_CHANGE_16_32 = -0.192  # §3.1: rollout from 16 to 32 GPUs (-10.3% then -8.9%)
+C5_TRAJECTORY_S = 216.3  # §3.1: mean trajectory, one per worker
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,14 +101,12 @@ def train_step_s(s: RegimeSetting, batch_report: FixedRolloutReport, gpus: int =
 def measure(s: RegimeSetting, log: Callable[[str], None] = lambda line: None) -> list[Row]:
     """Run the characterization experiments and return rows C2-C8."""
     batch = generate_batch(s.profile, seed=s.seed)
-    b = batch.num_trajectories
     runs: dict[int, FixedRolloutReport] = {}
     for gpus in (16, 24, 32):
         runs[gpus] = _run(s, batch, "Qwen3-8B", gpus // s.tp)
         log(f"  Qwen3-8B on {gpus} GPUs: rollout {runs[gpus].makespan_s:.1f} s")
-    alone = _run(s, batch, "Qwen3-8B", b)  # one trajectory per worker
-    durations = [t.finished_at - t.started_at for t in alone.result.trajectories]
-    log(f"  one trajectory per worker: mean {sum(durations) / len(durations):.1f} s")
+    generation = _mean_alone_s(s, batch)
+    log(f"  one trajectory per worker: mean {generation:.1f} s")
     moe = _run(s, batch, "Qwen3-30B-A3B", 16 // s.tp)
     log(f"  Qwen3-30B-A3B on 16 GPUs: rollout {moe.makespan_s:.1f} s")
     train = train_step_s(s, runs[16])
@@ -120,14 +121,13 @@ def measure(s: RegimeSetting, log: Callable[[str], None] = lambda line: None) ->
     longest = s.profile.max_context_tokens
     re_prefill = _cost(s, "Qwen3-8B").prefill_time(min(longest, s.engine.chunked_prefill_size))
     re_prefill *= -(-longest // s.engine.chunked_prefill_size)  # chunks of the whole context
-    generation = sum(durations) / len(durations)
     return [
-        Row("C2", "training step, Qwen3-8B on 8 GPUs", 163.8, train, "s"),
+        Row("C2", "training step, Qwen3-8B on 8 GPUs", C2_TRAIN_STEP_S, train, "s"),
         Row("C3", "rollout / training at 16 GPUs", 5.7, r16 / train, "x"),
         Row("C3", "rollout / training at 32 GPUs", 4.5, r32 / train, "x"),
         Row("C4", "rollout change 16 -> 24 GPUs", -0.103, r24 / r16 - 1, ""),
-        Row("C4", "rollout change 16 -> 32 GPUs", -0.192, r32 / r16 - 1, ""),
-        Row("C5", "mean trajectory, one per worker", 216.3, generation, "s"),
+        Row("C4", "rollout change 16 -> 32 GPUs", C4_CHANGE_16_32, r32 / r16 - 1, ""),
+        Row("C5", "mean trajectory, one per worker", C5_TRAJECTORY_S, generation, "s"),
         Row("C6", "rollout share of end-to-end at 32 GPUs", 0.818, r32 / (r32 + train), ""),
         Row(
             "C7",
@@ -190,8 +190,11 @@ class Fit:
 
 def mean_trajectory_s(s: RegimeSetting, profile: AgenticProfile) -> float:
     """C5: the mean trajectory of a batch run one trajectory per worker (Qwen3-8B)."""
-    batch = generate_batch(profile, seed=s.seed)
-    alone = _run(s, batch, "Qwen3-8B", batch.num_trajectories)
+    return _mean_alone_s(s, generate_batch(profile, seed=s.seed))
+
+
+def _mean_alone_s(s: RegimeSetting, batch: RolloutBatch) -> float:
+    alone = _run(s, batch, "Qwen3-8B", batch.num_trajectories)  # one trajectory per worker
     durations = [t.finished_at - t.started_at for t in alone.result.trajectories]
     return sum(durations) / len(durations)
 
@@ -202,27 +205,26 @@ def fit_env_scale(
     turns_median: float,
     steps: int = 9,
     high: float = 1.0,
-    target_s: float = 216.3,
+    target_s: float = C5_TRAJECTORY_S,
 ) -> tuple[float, float]:
     """Bisect the environment scale so that C5 (``target_s``, the paper's 216.3 s) holds at
     ``turns_median``: (scale, the mean trajectory at it).
 
     ``make(turns_median, env_scale)`` builds the profile. Longer environments make every
     trajectory longer, so C5 grows with the scale; ``steps`` halvings of [0, ``high``]."""
-    target = target_s
     lo, hi = 0.0, high
     for _ in range(steps):
         mid = (lo + hi) / 2
-        if mean_trajectory_s(s, make(turns_median, mid)) < target:
+        if mean_trajectory_s(s, make(turns_median, mid)) < target_s:
             lo = mid
         else:
             hi = mid
     scale = round((lo + hi) / 2, 5)
     trajectory = mean_trajectory_s(s, make(turns_median, scale))
-    if abs(trajectory / target - 1) > 0.05:  # the target lies outside [0, high]
+    if abs(trajectory / target_s - 1) > 0.05:  # the target lies outside [0, high]
         raise ValueError(
             f"C5 fit at turns median {turns_median:g}: no environment scale in [0, {high:g}] "
-            f"gives a {target:g} s trajectory (got {trajectory:.1f} s at {scale:g})"
+            f"gives a {target_s:g} s trajectory (got {trajectory:.1f} s at {scale:g})"
         )
     return scale, trajectory
 
@@ -232,8 +234,8 @@ def fit_c4_c5(
     make: Callable[[float, float], AgenticProfile],
     medians: tuple[float, ...],
     log: Callable[[str], None] = lambda line: None,
-    c5_target_s: float = 216.3,
-    c2_target_s: float = 163.8,
+    c5_target_s: float = C5_TRAJECTORY_S,
+    c2_target_s: float = C2_TRAIN_STEP_S,
 ) -> Fit:
     """For each turns median, fit the environment scale to C5, then read C4's 16 -> 32
     change off; keep the median whose change is closest to the paper's -19.2% (the
@@ -257,7 +259,7 @@ def fit_c4_c5(
             f"  turns median {median:g}: env scale {scale:.4f} (C5 {trajectory:.1f} s), "
             f"16 -> 32 GPUs {change:+.1%}"
         )
-        if best is None or abs(change + 0.192) < abs(best.change_16_32 + 0.192):
+        if best is None or abs(change - C4_CHANGE_16_32) < abs(best.change_16_32 - C4_CHANGE_16_32):
             best = Fit(median, scale, trajectory, change, ())
     if best is None:
         raise ValueError(f"fit_c4_c5: no turns median in {medians} meets C5")
@@ -266,7 +268,9 @@ def fit_c4_c5(
     return dataclasses.replace(best, tried=tuple(tried), train_mfu=mfu)
 
 
-def fit_train_mfu(s: RegimeSetting, profile: AgenticProfile, target_s: float = 163.8) -> float:
+def fit_train_mfu(
+    s: RegimeSetting, profile: AgenticProfile, target_s: float = C2_TRAIN_STEP_S
+) -> float:
     """Bisect the trainer's MFU so that C2 holds (``target_s``, the paper's 163.8 s) on
     ``profile``'s batch as rolled out on 16 GPUs (the batch C3 divides by)."""
     batch = generate_batch(profile, seed=s.seed)
