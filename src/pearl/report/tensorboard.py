@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ class ScalarLog:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # torch or tensorboard missing: the run folder has the JSONL
             return
+        _leave_writer_errors_to_the_caller()
         self.path = Path(folder) / "tb"
         self.writer = SummaryWriter(log_dir=str(self.path))
         logger.info(f"TensorBoard: tensorboard --logdir {self.path}")
@@ -44,3 +46,24 @@ class ScalarLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def _leave_writer_errors_to_the_caller() -> None:
+    """TensorBoard writes from a background thread; when a write fails (a full disk) the
+    thread keeps the exception, raises it again on the writer's next call (our caller sees
+    it there) and dies, and Python's thread hook prints its traceback to stderr as well.
+    Only that print is dropped, for TensorBoard's writer threads; others go to the old hook."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "pearl_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and args.thread.exception is not None:
+            logger.debug(f"TensorBoard writer thread stopped: {args.exc_value!r}")
+            return
+        previous(args)
+
+    hook.pearl_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
