@@ -473,3 +473,55 @@ def test_an_agent_samples_as_the_built_in_environment_on_the_same_seeds(chat):
         assert [o.token_ids for o in a.turns] == [o.token_ids for o in b.turns]
         assert list(a.sample.token_ids) == list(b.sample.token_ids)
         assert a.reward == b.reward
+
+
+class SweModel(SimulatedWorker):
+    """A simulated worker that answers as a model that can do the tier-0 SWE tasks in
+    mini-swe-agent's text format: the sed command the issue spells out, then the submit
+    command; ``submits=False``: it only ever lists files (the agent's step limit ends it)."""
+
+    chat: ChatFormat
+    submits = True
+
+    async def generate(self, turn):
+        out = await super().generate(turn)
+        text = self.chat.tokenizer.decode(turn.token_ids)
+        last = text.rsplit("<|im_start|>user\n", 1)[1]
+        fix = re.search(r"Replace `(.*?)` with `(.*?)` in `(.*?)`", last)
+        if not self.submits:
+            command = "ls"
+        elif fix:
+            command = "sed -i 's/{}/{}/' {}".format(*fix.groups())
+        else:
+            command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+        reply = f"THOUGHT: next step.\n\n```mswea_bash_command\n{command}\n```"
+        ids = [*self.chat.tokenizer.encode(reply), self.chat.end_id]
+        return dataclasses.replace(out, token_ids=ids, logprobs=[-0.5] * len(ids))
+
+
+@pytest.mark.parametrize("submits", [True, False], ids=["submits", "step-limit"])
+def test_mini_swe_agent_fixes_a_task_in_the_sandbox_as_one_trajectory(chat, submits):
+    """mini-swe-agent, unmodified: its litellm model calls the endpoint, its commands run in
+    the episode's sandbox through its environment protocol, and it resends its history in a
+    form the endpoint recognizes as one conversation (one trajectory on the sampled ids).
+    The hidden tests score the tree: 1 for the fix, 0 when it only looked around."""
+    pytest.importorskip("minisweagent")
+    from pearl.agents.examples.mini_swe_agent import solve
+
+    def agent(seed, c):
+        return solve(seed, c, tier=0, step_limit=3)
+
+    model = type("Model", (SweModel,), {"chat": chat, "submits": submits})
+    results, endpoint, events = run_agents(
+        chat, agent, episodes=2, worker=model, max_new_tokens=200, max_context=32768
+    )
+    assert events == []
+    for t in results:
+        assert t.stop_reason == "done" and t.extra_samples == []
+        assert (t.reward, t.sample.success) == ((1.0, True) if submits else (0.0, False))
+        assert len(t.turns) == (2 if submits else 3)
+        sample = t.sample
+        trained = [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+        assert trained == [i for out in t.turns for i in out.token_ids]
+        text = chat.tokenizer.decode(list(sample.token_ids))
+        assert "Please solve this issue" in text and "<returncode>0</returncode>" in text

@@ -154,3 +154,28 @@ def test_every_turn_of_every_sibling_and_step_gets_its_own_seed():
     run_virtual(main)
     assert len(seeds) == 2 * 2 * 4 * 3  # steps x tasks x siblings x turns
     assert len(set(seeds.values())) == len(seeds) and None not in seeds.values()
+
+
+class Closing(Scripted):
+    """A Scripted episode that counts its ``close()`` calls (a sandbox to end)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.closed = 0
+
+    async def close(self):
+        self.closed += 1
+
+
+def test_an_episode_is_closed_once_however_it_ends():
+    episodes = [
+        Closing("a", turns=2),  # its environment ends it
+        Closing("b", turns=9),  # the turn budget
+        Closing("c", fail_at=2),  # its environment fails
+        Closing("d", fail_at=0),  # fails at start
+    ]
+    out = run(episodes, max_turns=3)
+    assert [t.stop_reason for t in out] == ["done", "max_turns", "env_timeout", "env_error"]
+    assert [e.closed for e in episodes] == [1, 1, 1, 1]
+    (full,) = run([episode := Closing("e", turns=99, observation=200)], max_context_tokens=500)
+    assert full.stop_reason == "context_full" and episode.closed == 1

@@ -233,3 +233,21 @@ def test_a_template_that_lays_out_tools_renders_the_prompt(chat):
     broken = ChatFormat(chat.tokenizer, "{{ tools }}{% if add_generation_prompt %}A:{% endif %}")
     with pytest.raises(ConfigError, match="does not end a prompt with a ChatML assistant header"):
         broken.prompt("sys", "hi", (), [CALCULATE])
+
+
+def test_the_environment_is_closed_once_and_a_failing_close_is_only_logged(chat):
+    class Closing(Env):
+        closes = 0
+
+        def close(self):  # plain: runs in a thread like step
+            type(self).closes += 1
+            raise OSError("the sandbox is gone")
+
+    ep, events = episode(chat, Closing(step=lambda a: StepResult("x", 1.0, True)))
+    asyncio.run(ep.start())
+    asyncio.run(ep.close())
+    asyncio.run(ep.close())
+    assert Closing.closes == 1
+    assert [e["kind"] for e in events] == ["env_error"] and "close()" in events[0]["error"]
+    quiet, _ = episode(chat, Env(step=lambda a: StepResult("x", 1.0, True)))
+    asyncio.run(quiet.close())  # an environment without close(): nothing to do

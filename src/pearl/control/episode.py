@@ -55,6 +55,9 @@ class Episode(Protocol):
     @property
     def success(self) -> bool: ...
 
+    # Optional: ``async def close(self)``, called once when the episode has ended, however it
+    # ended (a sandbox to end); run_episode_batch calls it.
+
 
 @runtime_checkable
 class DrivenEpisode(Protocol):
@@ -219,10 +222,16 @@ async def run_episode_batch(
     limits = (batch.max_new_tokens, batch.max_context_tokens, batch.max_turns)
 
     async def one(session_id: str, episode: Episode | DrivenEpisode) -> TrajectoryResult:
-        if isinstance(episode, DrivenEpisode):
-            result = await episode.drive(session_id, router, clock, config, *limits)
-        else:
-            result = await run_episode(session_id, episode, router, clock, config, *limits)
+        try:
+            if isinstance(episode, DrivenEpisode):
+                result = await episode.drive(session_id, router, clock, config, *limits)
+            else:
+                result = await run_episode(session_id, episode, router, clock, config, *limits)
+        finally:
+            # An episode with an ``async close()`` (a sandbox to end) is closed however it ended.
+            close = getattr(episode, "close", None)
+            if close is not None:
+                await close()
         if on_trajectory is not None:
             on_trajectory(result)
         return result

@@ -53,6 +53,7 @@ class TextEpisode:
         self.turns = 0
         self.tool_calls = 0
         self.malformed_calls = 0
+        self.closed = False
 
     async def start(self) -> list[int]:
         first = await self._call("reset", self.seed)
@@ -108,6 +109,17 @@ class TextEpisode:
     def _out_of_turns(self) -> bool:
         limit = getattr(self.env, "max_turns", None)
         return isinstance(limit, int) and self.turns >= limit
+
+    async def close(self) -> None:
+        """The environment's ``close()``, where it has one (a sandbox to end), once the
+        episode is over however it ended; a failing or slow one is logged, never raised."""
+        if getattr(self.env, "close", None) is None or self.closed:
+            return
+        self.closed = True
+        try:
+            await self._call("close")
+        except EpisodeAborted:  # logged as an event by _call; the trajectory is already done
+            pass
 
     @property
     def success(self) -> bool:
