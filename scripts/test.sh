@@ -7,6 +7,8 @@ if [ "${1:-}" = "--vllm" ]; then
   exec bash "$(dirname "${BASH_SOURCE[0]}")/test_vllm.sh" "$@"
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" live,dev
+# verifiers lives in a venv of its own (its pins clash with PEARL's); its tests need it.
+bash "$ROOT/scripts/verifiers_env.sh" >/dev/null
 cd "$ROOT"
 set +e
 python -m pytest "$@"

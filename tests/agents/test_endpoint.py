@@ -482,6 +482,7 @@ class SweModel(SimulatedWorker):
 
     chat: ChatFormat
     submits = True
+    block = "bash"
 
     async def generate(self, turn):
         out = await super().generate(turn)
@@ -494,13 +495,17 @@ class SweModel(SimulatedWorker):
             command = "sed -i 's/{}/{}/' {}".format(*fix.groups())
         else:
             command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-        reply = f"THOUGHT: next step.\n\n```mswea_bash_command\n{command}\n```"
+        reply = f"THOUGHT: next step.\n\n```{self.block}\n{command}\n```"
         ids = [*self.chat.tokenizer.encode(reply), self.chat.end_id]
         return dataclasses.replace(out, token_ids=ids, logprobs=[-0.5] * len(ids))
 
 
-@pytest.mark.parametrize("submits", [True, False], ids=["submits", "step-limit"])
-def test_mini_swe_agent_fixes_a_task_in_the_sandbox_as_one_trajectory(chat, submits):
+@pytest.mark.parametrize(
+    "submits, config",
+    [(True, "pearl"), (False, "pearl"), (True, "mini_textbased")],
+    ids=["submits", "step-limit", "its-own-config"],
+)
+def test_mini_swe_agent_fixes_a_task_in_the_sandbox_as_one_trajectory(chat, submits, config):
     """mini-swe-agent, unmodified: its litellm model calls the endpoint, its commands run in
     the episode's sandbox through its environment protocol, and it resends its history in a
     form the endpoint recognizes as one conversation (one trajectory on the sampled ids).
@@ -509,9 +514,10 @@ def test_mini_swe_agent_fixes_a_task_in_the_sandbox_as_one_trajectory(chat, subm
     from pearl.agents.examples.mini_swe_agent import solve
 
     def agent(seed, c):
-        return solve(seed, c, tier=0, step_limit=3)
+        return solve(seed, c, tier=0, step_limit=3, config=config)
 
-    model = type("Model", (SweModel,), {"chat": chat, "submits": submits})
+    block = "bash" if config == "pearl" else "mswea_bash_command"
+    model = type("Model", (SweModel,), {"chat": chat, "submits": submits, "block": block})
     results, endpoint, events = run_agents(
         chat, agent, episodes=2, worker=model, max_new_tokens=200, max_context=32768
     )
@@ -524,4 +530,35 @@ def test_mini_swe_agent_fixes_a_task_in_the_sandbox_as_one_trajectory(chat, subm
         trained = [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
         assert trained == [i for out in t.turns for i in out.token_ids]
         text = chat.tokenizer.decode(list(sample.token_ids))
-        assert "Please solve this issue" in text and "<returncode>0</returncode>" in text
+        assert "<returncode>0</returncode>" in text
+        assert ("Please solve this issue" in text) == (config == "mini_textbased")
+
+
+def test_mini_swe_agent_saves_its_trajectories_without_the_endpoints_key(chat, tmp_path):
+    pytest.importorskip("minisweagent")
+    from pearl.agents.examples.mini_swe_agent import solve
+
+    def agent(seed, c):
+        return solve(seed, c, tier=0, step_limit=3, trajectories=str(tmp_path))
+
+    model = type("Model", (SweModel,), {"chat": chat})
+    key = "a-key-of-this-run"
+    (t, u), _, events = run_agents(
+        chat, agent, episodes=2, worker=model, max_new_tokens=200, max_context=32768, api_key=key
+    )
+    assert events == [] and t.reward == u.reward == 1.0
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert saved == ["0-0.traj.json", "1-0.traj.json"]
+    for path in tmp_path.iterdir():
+        record = json.loads(path.read_text())
+        assert record["info"]["exit_status"] == "Submitted"
+        assert key not in path.read_text() and "<endpoint key>" in path.read_text()
+
+
+def test_mini_swe_agent_names_the_configs_it_can_take():
+    pytest.importorskip("minisweagent")
+    from pearl.agents.episode import ClientConfig
+    from pearl.agents.examples.mini_swe_agent import solve
+
+    with pytest.raises(ValueError, match=r"'nope': no such file; give 'pearl'.*mini_textbased"):
+        solve(0, ClientConfig("http://127.0.0.1:1/v1", "none", "m"), config="nope")

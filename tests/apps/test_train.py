@@ -394,6 +394,7 @@ def test_a_bfloat16_run_trains_with_bfloat16_engines_and_a_mixed_precision_train
 def test_shipped_train_config_validates():
     from pathlib import Path
 
+    from pearl.agents.plugin import AgentOptions
     from pearl.apps.train.config import load_train_config
     from pearl.envs import make_env
 
@@ -402,8 +403,11 @@ def test_shipped_train_config_validates():
     assert cfg.model.name == "smollm2-135m" and cfg.env.name == "calculator"
     shipped = sorted((root / "configs").glob("train_*.yaml"))
     assert len(shipped) >= 2
-    for path in shipped:  # each loads, and its environment is made from its options
+    for path in shipped:  # each loads, and its environment (or agent) is made from its options
         cfg = load_train_config(path)
+        if cfg.env.name == "agent":
+            AgentOptions.parse(cfg.env.options).load()
+            continue
         env = make_env(cfg.env.name, **cfg.env.options)
         assert asyncio.run(env.reset(0))
     variant = load_train_config(root / "configs" / "train_rgym_drgrpo.yaml").trainer
@@ -422,6 +426,10 @@ def test_shipped_train_config_validates():
         "env.options.kwargs.tool_format=tag",
         "agent env.options.agent=pearl.agents.examples.calculator_agents_sdk:solve",
         "-c configs/train_rgym_drgrpo.yaml",
+        "swe env.options.max_turns=2 rollout.max_context_tokens=2048",
+        "-c configs/train_swe_agent.yaml env.options.kwargs.step_limit=2",
+        "-c configs/train_swe_agent.yaml env.options.kwargs.config=mini_textbased "
+        "env.options.kwargs.step_limit=2",
         "calculator trainer.lora.rank=16 trainer.learning_rate=1e-4",
         "calculator trainer.ppo_epochs=2 trainer.mini_batches=2",
     ],

@@ -21,7 +21,9 @@ from pearl.envs.sandbox import CommandResult, Sandbox, SandboxLimits
 from pearl.envs.swe_tasks import SweTask, make_task, score
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent's sentinel
-_BASH = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)
+# One command block: ```bash (or ```sh, or a bare ```) ... ```; small models often drop the tag.
+ACTION_REGEX = r"```(?:bash|sh)?[ \t]*\n(.*?)\n```"
+_BASH = re.compile(ACTION_REGEX, re.DOTALL)
 
 SYSTEM_PROMPT = (
     "You fix bugs in a Python repository by running shell commands. Each reply has a short "

@@ -8,9 +8,14 @@ model class pointed at PEARL's endpoint through its config (``model_kwargs.api_b
 commands run in the episode's sandbox through an environment of its ``Environment``
 protocol (``SandboxEnvironment`` below: ``execute``, ``get_template_vars``, ``serialize``),
 which ends the run with its ``Submitted`` exception on its submit sentinel, as its own
-local environment does; its prompts and templates are its shipped ``mini_textbased.yaml``
-(or a config file of yours: ``env.options.kwargs.config=path.yaml``). It resends its whole
-history on every call, so the endpoint sees one conversation and trains its exact tokens.
+local environment does. Its settings are its config keys: PEARL's by default (the prompt
+and action format of ``pearl.envs.swe``, sized for a small model), its shipped
+``mini_textbased.yaml`` (``env.options.kwargs.config=mini_textbased``) or a YAML file.
+
+It resends its whole history on every call, so the endpoint sees one conversation and
+trains its exact tokens; a reply it cannot parse is left out of the history it resends (it
+keeps only its format-error message), so the next call starts a new segment and the
+rejected reply is trained as a sample of its own.
 
 The episode ends when the agent submits, reaches ``step_limit`` calls, stops on repeated
 format errors, or PEARL ends it (``episode_timeout_s``, the run's turn and context
@@ -19,13 +24,15 @@ budgets). Then the task's hidden tests score the tree as it stands (``pearl.envs
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 from pathlib import Path
 from typing import Any
 
+from pearl.agents.endpoint import NO_KEY
 from pearl.envs.sandbox import Sandbox, SandboxLimits
-from pearl.envs.swe import SUBMIT, score_tree
+from pearl.envs.swe import ACTION_REGEX, DEMONSTRATION, SUBMIT, SYSTEM_PROMPT, score_tree
 from pearl.envs.swe_tasks import make_task
 
 # mini-swe-agent prints a banner at import unless told not to, and litellm fetches its price
@@ -71,28 +78,53 @@ class SandboxEnvironment:
         return {"info": {"config": {"environment": self.config}}}
 
 
+# PEARL's settings for mini-swe-agent (``config="pearl"``): its config keys, PEARL's SWE
+# environment's prompt and action format (``pearl.envs.swe``), short enough for a small
+# model's context; the worked example is text in the task message (its templates have no
+# assistant turns).
+PEARL_SETTINGS: dict[str, Any] = {
+    "agent": {
+        "system_template": SYSTEM_PROMPT,
+        "instance_template": "Example:\n"
+        + "\n".join(f"[{role}] {text}" for role, text in DEMONSTRATION)
+        + "\n\nYour task:\n{{task}}",
+    },
+    "model": {
+        "action_regex": ACTION_REGEX,
+        "format_error_template": "Reply with exactly one command in a ```bash block "
+        "(your reply had {{actions|length}}).",
+        "observation_template": "<returncode>{{output.returncode}}</returncode>\n"
+        "{% if output.exception_info %}<stopped>{{output.exception_info}}</stopped>\n{% endif %}"
+        "<output>\n{% if output.output | length > 2000 %}{{output.output[:1000]}}\n"
+        "[... {{output.output | length - 2000}} characters left out ...]\n"
+        "{{output.output[-1000:]}}{% else %}{{output.output}}{% endif %}\n</output>",
+    },
+}
+
+
 def solve(
     seed: int,
     client: Any,
     tier: int | None = None,
     step_limit: int = 10,
-    config: str = "mini_textbased",
+    config: str = "pearl",
     command_timeout_s: float = 10.0,
     score_timeout_s: float = 60.0,
+    trajectories: str | None = None,
 ) -> dict:
     """One episode on task ``seed``: ``{"reward": share of hidden tests passed, "success":
-    all passed}``. ``config``: a config shipped with mini-swe-agent (name) or a YAML file."""
-    import yaml
-    from minisweagent import package_dir
+    all passed}``. ``config``: ``pearl`` (``PEARL_SETTINGS``), a config shipped with
+    mini-swe-agent (``mini_textbased``, its text-action default) or a YAML file of yours;
+    ``trajectories``: a folder where mini-swe-agent saves each episode's messages (its
+    ``output_path``, one ``<seed>-<n>.traj.json`` per episode; the endpoint's key, if the run
+    has one, is blanked out of it at the end)."""
+    import litellm
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.models import get_model
 
-    path = (
-        Path(config)
-        if config.endswith((".yaml", ".yml"))
-        else package_dir / "config" / f"{config}.yaml"
-    )
-    settings = yaml.safe_load(path.read_text())
+    # litellm prints a provider-list banner each time it prices a model it does not know.
+    litellm.suppress_debug_info = True
+    settings = _settings(config)
     model_settings = dict(settings.get("model", {}))
     model_settings["model_kwargs"] = {
         **model_settings.get("model_kwargs", {}),
@@ -108,12 +140,53 @@ def solve(
         }
     )
     task = make_task(seed, tier)
-    with Sandbox(task.files, SandboxLimits(wall_s=command_timeout_s)) as sandbox:
-        agent = DefaultAgent(
-            model,
-            SandboxEnvironment(sandbox, command_timeout_s),
-            **{**settings["agent"], "step_limit": step_limit, "output_path": None},
-        )
-        agent.run(f"{task.issue}\n\nReproduce it with: {task.visible_test}")
-        reward, solved = score_tree(sandbox, task, score_timeout_s)
+    saved = _path(trajectories, seed)
+    try:
+        with Sandbox(task.files, SandboxLimits(wall_s=command_timeout_s)) as sandbox:
+            agent = DefaultAgent(
+                model,
+                SandboxEnvironment(sandbox, command_timeout_s),
+                **{**settings["agent"], "step_limit": step_limit, "output_path": saved},
+            )
+            agent.run(f"{task.issue}\n\nReproduce it with: {task.visible_test}")
+            reward, solved = score_tree(sandbox, task, score_timeout_s)
+    finally:
+        if saved is not None and client.api_key != NO_KEY and saved.exists():
+            saved.write_text(saved.read_text().replace(client.api_key, "<endpoint key>"))
     return {"reward": reward, "success": solved}
+
+
+def _settings(config: str) -> dict[str, Any]:
+    """``PEARL_SETTINGS``, one of mini-swe-agent's shipped configs by name, or a YAML file."""
+    import yaml
+    from minisweagent import package_dir
+
+    if config == "pearl":
+        return PEARL_SETTINGS
+    if config.endswith((".yaml", ".yml")):
+        path = Path(config)
+    else:
+        path = package_dir / "config" / f"{config}.yaml"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in (package_dir / "config").glob("*.yaml"))
+        raise ValueError(
+            f"config {config!r}: no such file; give 'pearl', a config mini-swe-agent ships "
+            f"({', '.join(shipped)}) or a .yaml file"
+        )
+    return yaml.safe_load(path.read_text())
+
+
+def _path(folder: str | None, seed: int) -> Path | None:
+    """A new file for one episode's trajectory in ``folder`` (None: not saved); episodes of
+    the same task (a GRPO group) run at once, so each claims its own name."""
+    if folder is None:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for n in itertools.count():
+        path = Path(folder) / f"{seed}-{n}.traj.json"
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")

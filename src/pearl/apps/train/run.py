@@ -383,7 +383,13 @@ class _LiveRun:
             "mean_reward": statistics.fmean(t.reward for t in result.trajectories),
             "seconds": time.monotonic() - t0,
         }
-        self.folder.event({"kind": "eval", **row})
+        # Per task, in held-out order (task i is seed split_seed("heldout", i)): breakdowns
+        # by task kind (benchmarks/swe_agent.py's tiers) are read from these.
+        per_task = {
+            "task_successes": wins,
+            "task_rewards": [round(t.reward, 6) for t in result.trajectories],
+        }
+        self.folder.event({"kind": "eval", **row, **per_task})
         self.scalars(f"eval_{tag}", row, self.trainer.weight_version)
         self.run.log(
             f"eval ({tag}, v{row['weight_version']}): success {row['successes']}/"
