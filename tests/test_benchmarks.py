@@ -327,3 +327,60 @@ def test_c7_reuse_arithmetic_prices_both_readings_on_the_simulated_trajectories(
     assert naive["us_per_token_per_worker"] == pytest.approx(reuse["us_per_token_per_worker"])
     # a chunk pays attention over everything before it: alone, the whole prompt is cheaper
     assert zero["attention_s"] / reuse["attention_s"] < zero["linear_s"] / reuse["linear_s"]
+
+
+def test_swe_trace_reads_each_turns_quantities_and_summarizes_them(tmp_path):
+    """benchmarks/swe_trace.py: the first turn's appended tokens are the prompt, later ones
+    observations (a re-prompt when >= the prompt); the last turn's environment seconds are
+    the agent's time after its last answer, kept apart; a trajectory without turns is left
+    out; the profile side reads a sampled batch the same way."""
+    import json
+
+    from pearl.workloads.agentic import generate_batch
+    from pearl.workloads.profiles import get_profile
+
+    bench = load("swe_trace")
+    steps = [
+        {
+            "step": 0,
+            "trajectories": [
+                {"group": "a", "turns": [[100, 10, 0, 0.5], [20, 30, 0, 1.5], [40, 50, 50, 9.0]]},
+                {"group": "a", "turns": []},
+            ],
+        },
+        {
+            "step": 1,
+            "trajectories": [{"group": "b", "turns": [[300, 70, 0, 2.5], [300, 90, 90, 7.0]]}],
+        },
+    ]
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    live = bench.live_samples(bench.load_steps(tmp_path))
+    assert live["turns"] == [3, 2]
+    assert live["first_prompt_tokens"] == [100, 300]
+    assert live["observation_tokens"] == [20, 40, 300]
+    assert live["reprompts"] == [300]
+    assert live["generated_tokens"] == [10, 30, 50, 70, 90]
+    assert live["env_s"] == [0.5, 1.5, 2.5]
+    assert live["final_env_s"] == [9.0, 7.0]
+
+    s = bench.summary([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    assert (s["count"], s["median"], s["p10"], s["p90"], s["mean"]) == (11, 6, 2, 10, 6)
+    assert bench.summary([])["median"] is None
+
+    batch = generate_batch(get_profile("swe"), num_tasks=2, group_size=3, seed=1)
+    profile = bench.profile_samples(batch)
+    trajectories = [t for g in batch.groups for t in g.trajectories]
+    assert profile["turns"] == [t.num_turns for t in trajectories]
+    assert (
+        len(profile["env_s"])
+        == len(profile["observation_tokens"])
+        == sum(t.num_turns - 1 for t in trajectories)
+    )
+    assert sum(profile["generated_tokens"]) == sum(
+        u.response_tokens for t in trajectories for u in t.turns
+    )
+    rows = {r["quantity"]: r for r in bench.compare(live, profile)}
+    assert rows["generated_tokens"]["live"]["median"] == 50
+    assert rows["generated_tokens"]["median_ratio"] == pytest.approx(
+        50 / rows["generated_tokens"]["profile"]["median"]
+    )

@@ -488,11 +488,12 @@ class SweModel(SimulatedWorker):
         out = await super().generate(turn)
         text = self.chat.tokenizer.decode(turn.token_ids)
         last = text.rsplit("<|im_start|>user\n", 1)[1]
-        fix = re.search(r"Replace `(.*?)` with `(.*?)` in `(.*?)`", last)
+        # The task's issue comes after the worked example's (PEARL's settings show one).
+        fix = re.findall(r"Replace `(.*?)` with `(.*?)` in `(.*?)`", last)[-1:]
         if not self.submits:
             command = "ls"
         elif fix:
-            command = "sed -i 's/{}/{}/' {}".format(*fix.groups())
+            command = "sed -i 's/{}/{}/' {}".format(*fix[0])
         else:
             command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
         reply = f"THOUGHT: next step.\n\n```{self.block}\n{command}\n```"

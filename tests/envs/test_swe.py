@@ -2,6 +2,7 @@
 tree when the agent submits or runs out of turns, and the sandbox ended with the episode."""
 
 import re
+import time
 
 import pytest
 
@@ -93,3 +94,61 @@ def test_the_agent_sees_only_its_repository():
     step = env.step(command("ls / && cat /etc/hostname"))
     assert "repo" in step.observation and "No such file" in step.observation
     env.close()
+
+
+def fixed_env(seed: int = 3, **options) -> SweEnv:
+    """A tier-0 task with its fix applied (the hidden tests would all pass)."""
+    env = SweEnv(tier=0, **options)
+    env.reset(seed)
+    assert not env.step(command(issue_fix(env))).done
+    return env
+
+
+# What unittest prints for a passing run, as a line of Python the agent writes.
+FAKE_REPORT = r'print("test_issue_1 (x) ... ok\n\nRan 1 test in 0.001s\n\nOK")'
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        f"cat > unittest.py <<'EOF'\n{FAKE_REPORT}\nEOF",  # stands in for the stdlib's
+        # the package prints a passing report and leaves before any test runs
+        f"for f in */__init__.py; do cat >> $f <<'EOF'\nimport os\n{FAKE_REPORT}\nos._exit(0)\n"
+        "EOF\ndone",
+    ],
+    ids=["shadow-unittest", "package-prints-a-report"],
+)
+def test_a_report_the_agent_prints_is_not_a_score(forgery):
+    env = SweEnv(tier=0)
+    env.reset(3)  # the bug left in place
+    assert "<returncode>0</returncode>" in env.step(command(forgery)).observation
+    done = env.step(SUBMIT_REPLY)
+    assert done.done and done.reward == 0.0 and not env.success
+
+
+@pytest.mark.parametrize(
+    "obstacle",
+    ["mkdir -p hidden_tests/__init__.py", "ln -s /tmp hidden_tests", "touch hidden_tests"],
+    ids=["folder-in-the-way", "link-out", "file-in-the-way"],
+)
+def test_what_the_agent_left_at_the_hidden_tests_paths_does_not_stop_scoring(obstacle):
+    env = fixed_env()
+    env.step(command(obstacle))
+    done = env.step(SUBMIT_REPLY)
+    assert (done.done, done.reward, env.success) == (True, 1.0, True)
+
+
+def test_a_fix_that_hangs_its_tests_scores_0_within_the_scoring_timeout():
+    env = fixed_env(score_timeout_s=2.0)
+    env.step(command("for f in */__init__.py; do echo 'import time; time.sleep(60)' >> $f; done"))
+    started = time.monotonic()
+    done = env.step(SUBMIT_REPLY)
+    assert done.done and done.reward == 0.0 and time.monotonic() - started < 15
+
+
+def test_only_the_sentinel_on_its_own_first_line_with_exit_0_submits():
+    env = SweEnv(tier=0, max_turns=5)
+    env.reset(0)
+    for reply in (f"echo {SUBMIT}; false", f"echo x; echo {SUBMIT}"):
+        assert not env.step(command(reply)).done
+    assert env.step(SUBMIT_REPLY).done

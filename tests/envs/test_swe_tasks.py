@@ -224,3 +224,20 @@ def test_score_is_zero_for_crashes_timeouts_and_unlisted_runs():
     # "OK" with a failing exit status (the process died after the summary) is not solved
     assert score(_output("ok", "ok", "ok", "OK"), 1).reward == 0.0
     assert score("", 0) == SweScore(0.0, 0, 0, False)
+
+
+def test_outcomes_score_against_the_tasks_own_test_names():
+    from pearl.envs.swe_tasks import hidden_test_names, score_outcomes
+
+    names = hidden_test_names(make_task(7, 0))
+    issue = [n for n in names if n.startswith("test_issue_")]
+    guards = [n for n in names if n.startswith("test_guard_")]
+    assert issue and guards and len(set(names)) == len(names)
+    everything = dict.fromkeys(names, True)
+    assert score_outcomes(everything, names) == SweScore(1.0, len(names), len(names), True)
+    # A test that never reported counts as failed; a name the task lacks counts for nothing.
+    one_missing = {n: True for n in names if n != issue[0]} | {"test_issue_99": True}
+    partial = score_outcomes(one_missing, names)
+    assert partial.reward == (len(issue) - 1) / len(issue) and not partial.solved
+    assert score_outcomes(everything | {guards[0]: False}, names).reward == 0.0
+    assert score_outcomes({}, names) == SweScore(0.0, 0, len(names), False)

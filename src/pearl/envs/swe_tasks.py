@@ -32,7 +32,8 @@ failure. Tier-0 snippets are restricted to characters with no meaning to sed's p
 the shell (no ``/ \\ & * [ ] ^ $ '``) and occur once in their file, so the verbatim copy is
 a correct command; the tests run that exact sed for every tier-0 task checked.
 
-Reward (``score``, from the output of ``hidden_test_command``): hidden tests are named
+Reward (``score_outcomes`` of each hidden test's outcome, as ``pearl.envs.swe`` scores a
+tree; ``score`` reads the same from ``hidden_test_command``'s output): hidden tests are named
 ``test_issue_<i>`` (they fail on the untouched repository) or ``test_guard_<i>`` (they pass
 on it). reward = (issue tests passing) / (issue tests), and 0 if any guard fails, the run
 crashed or timed out. So an untouched repository scores 0, fixing one of two bugs earns
@@ -47,9 +48,10 @@ a pool (even integers of a range) and held-out seeds (``HELDOUT_START <= seed <
 
 from __future__ import annotations
 
+import ast
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from string import Template
 
@@ -142,6 +144,30 @@ def score(output: str, returncode: int | None) -> SweScore:
         return SweScore(0.0, passed, total, False)
     reward = len(issue_tests - failed) / len(issue_tests)
     return SweScore(reward, passed, total, returncode == 0 and passed == total)
+
+
+def hidden_test_names(task: SweTask) -> list[str]:
+    """The hidden tests' method names (``test_issue_<i>``, ``test_guard_<i>``), read from
+    their files: what a scoring run must report, each one."""
+    names: list[str] = []
+    for text in task.hidden_tests.values():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                names.append(node.name)
+    return names
+
+
+def score_outcomes(outcomes: Mapping[str, bool], expected: list[str]) -> SweScore:
+    """The reward of per-test outcomes (``name -> passed``) against the ``expected`` names:
+    a name that did not report counts as failed, so a run that stops early (or prints its
+    own report) earns nothing it did not pass. Same rule as ``score``."""
+    passed = [name for name in expected if outcomes.get(name) is True]
+    issue = [name for name in expected if name.startswith("test_issue_")]
+    guards_hold = all(outcomes.get(n) is True for n in expected if n.startswith("test_guard_"))
+    if not issue or not guards_hold:
+        return SweScore(0.0, len(passed), len(expected), False)
+    reward = sum(outcomes.get(name) is True for name in issue) / len(issue)
+    return SweScore(reward, len(passed), len(expected), len(passed) == len(expected))
 
 
 # --- drawing names and constants, split by seed range ---------------------------------------

@@ -32,13 +32,17 @@ from typing import Any
 
 from pearl.agents.endpoint import NO_KEY
 from pearl.envs.sandbox import Sandbox, SandboxLimits
-from pearl.envs.swe import ACTION_REGEX, DEMONSTRATION, SUBMIT, SYSTEM_PROMPT, score_tree
+from pearl.envs.swe import ACTION_REGEX, DEMONSTRATION, SYSTEM_PROMPT, is_submission, score_tree
 from pearl.envs.swe_tasks import make_task
 
 # mini-swe-agent prints a banner at import unless told not to, and litellm fetches its price
 # list from the network at import unless told to use the copy it ships.
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Its model retries a failed call 10 times, waiting 4-60 s between tries; PEARL's endpoint
+# fails a call only when the episode is over (a budget, a timeout), so one retry is plenty
+# and the agent's thread (with its sandbox) ends seconds after its episode.
+os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")
 
 
 class SandboxEnvironment:
@@ -46,7 +50,7 @@ class SandboxEnvironment:
 
     def __init__(self, sandbox: Sandbox, timeout_s: float) -> None:
         self.sandbox = sandbox
-        self.config = {"timeout": timeout_s, "cwd": str(sandbox.root)}
+        self.config = {"timeout": timeout_s, "cwd": sandbox.cwd}  # the path commands see
 
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         from minisweagent.exceptions import Submitted
@@ -58,9 +62,10 @@ class SandboxEnvironment:
             "returncode": -1 if result.returncode is None else result.returncode,
             "exception_info": stopped,
         }
-        lines = result.output.lstrip().splitlines(keepends=True)
-        if lines and lines[0].strip() == SUBMIT and result.returncode == 0:
-            submission = "".join(lines[1:])
+        if is_submission(result):  # its local environment's rule, shared with env.name=swe
+            submission = (
+                result.output.lstrip().split("\n", 1)[1] if "\n" in result.output.lstrip() else ""
+            )
             raise Submitted(
                 {
                     "role": "exit",
@@ -130,6 +135,7 @@ def solve(
         **model_settings.get("model_kwargs", {}),
         "api_base": client.base_url,
         "api_key": client.api_key,
+        "num_retries": 0,  # litellm's own retries, under its model's
     }
     model = get_model(
         config={
