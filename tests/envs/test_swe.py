@@ -27,7 +27,7 @@ def issue_fix(env: SweEnv) -> str:
 def test_fixing_what_the_issue_says_and_submitting_scores_1():
     env = SweEnv(tier=0)
     issue = env.reset(3)
-    assert "Reproduce it with: python -m unittest" in issue
+    assert f"Reproduce with `{env.task.visible_test}`" in issue
     run = env.step(command(env.task.visible_test))
     assert not run.done and "<returncode>1</returncode>" in run.observation
     assert "FAILED" in run.observation

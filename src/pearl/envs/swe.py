@@ -51,7 +51,7 @@ DEMONSTRATION = (
         "# Wrong result from `square`\n\n`square(3)` returns `6`, but it should return `9`.\n\n"
         "The bug is in `shapes/area.py`, in `square`: the text `side + side` is wrong, it "
         "should be `side * side`.\n\nReplace `side + side` with `side * side` in "
-        "`shapes/area.py`.\n\nReproduce it with: python -m unittest tests.test_area -v",
+        "`shapes/area.py`.\n\nReproduce with `python -m unittest tests.test_area -v`.",
     ),
     ("assistant", "```bash\nsed -i 's/side + side/side * side/' shapes/area.py\n```"),
     ("user", "<returncode>0</returncode>\n<output>\n\n</output>"),
@@ -170,7 +170,7 @@ class SweEnv:
         self.sandbox = Sandbox(self.task.files, self.limits)
         self.turns = 0
         self.solved = False
-        return f"{self.task.issue}\n\nReproduce it with: {self.task.visible_test}"
+        return self.task.issue  # it ends with the command that shows the failure
 
     def step(self, action: str) -> StepResult:
         if self.task is None or self.sandbox is None:

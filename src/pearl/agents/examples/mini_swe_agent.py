@@ -154,7 +154,7 @@ def solve(
                 SandboxEnvironment(sandbox, command_timeout_s),
                 **{**settings["agent"], "step_limit": step_limit, "output_path": saved},
             )
-            agent.run(f"{task.issue}\n\nReproduce it with: {task.visible_test}")
+            agent.run(task.issue)  # it ends with the command that shows the failure
             reward, solved = score_tree(sandbox, task, score_timeout_s)
     finally:
         if saved is not None and client.api_key != NO_KEY and saved.exists():
