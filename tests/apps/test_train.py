@@ -391,7 +391,7 @@ def test_a_bfloat16_run_trains_with_bfloat16_engines_and_a_mixed_precision_train
     assert recorded["rollout"]["device"] == "cpu" == recorded["trainer"]["device"]
 
 
-def test_shipped_train_config_validates():
+def test_shipped_train_config_validates(monkeypatch):
     from pathlib import Path
 
     from pearl.agents.plugin import AgentOptions
@@ -403,6 +403,7 @@ def test_shipped_train_config_validates():
     assert cfg.model.name == "smollm2-135m" and cfg.env.name == "calculator"
     shipped = sorted((root / "configs").glob("train_*.yaml"))
     assert len(shipped) >= 2
+    monkeypatch.chdir(root)  # a config's relative paths (a dataset) are the repository's
     for path in shipped:  # each loads, and its environment (or agent) is made from its options
         cfg = load_train_config(path)
         if cfg.env.name == "agent":
@@ -430,6 +431,9 @@ def test_shipped_train_config_validates():
         "-c configs/train_swe_agent.yaml env.options.kwargs.step_limit=2",
         "-c configs/train_swe_agent.yaml env.options.kwargs.config=mini_textbased "
         "env.options.kwargs.step_limit=2",
+        # needs .venv-verifiers (scripts/test.sh makes it); 12 turns of Hangman at most
+        "agent env.options.agent=pearl.agents.examples.verifiers_env:solve rollout.max_turns=12",
+        "-c configs/train_openenv_dipg.yaml",
         "calculator trainer.lora.rank=16 trainer.learning_rate=1e-4",
         "calculator trainer.ppo_epochs=2 trainer.mini_batches=2",
     ],
