@@ -124,6 +124,34 @@ def test_close_kills_the_launcher_and_removes_everything():
         sb.run("true")
 
 
+@pytest.mark.parametrize("mode", ["namespaces", "plain"])
+def test_close_from_another_thread_ends_a_running_command_cleanly(mode, monkeypatch):
+    if mode == "plain":  # no pid namespace: the launcher itself must kill the command
+        plain = Isolation(False, False, False, False, False, False, False, False, False, "plain")
+        monkeypatch.setattr(sandbox_module, "isolation", lambda: plain)
+    else:
+        needs("whole_tree_kill")
+    fds_before = sorted(os.listdir("/proc/self/fd"))
+    sb = Sandbox({}, FAST)
+    results: list[CommandResult] = []
+    runner = threading.Thread(target=lambda: results.append(sb.run(NAP, timeout_s=30.0)))
+    runner.start()
+    deadline = time.monotonic() + 5.0
+    while not leftover(NAP) and time.monotonic() < deadline:  # the command is running
+        time.sleep(0.01)
+    assert leftover(NAP)
+    start = time.monotonic()
+    sb.close()
+    runner.join(timeout=5.0)
+    assert not runner.is_alive() and time.monotonic() - start < 1.5
+    assert results[0].stopped == "sandbox" and results[0].returncode is None, results
+    assert "closed" in results[0].output
+    assert leftover(NAP) == [] and not Path(sb._base).exists()
+    assert sorted(os.listdir("/proc/self/fd")) == fds_before
+    with pytest.raises(SandboxError, match="closed"):
+        sb.run("true")
+
+
 def test_run_is_safe_from_several_threads(box):
     results: list[CommandResult] = []
     threads = [
@@ -221,6 +249,79 @@ def test_a_command_that_eats_memory_is_stopped_for_memory():
         assert sb.run("echo ok").output == "ok\n"
 
 
+def host_shmem_mb() -> int:
+    """The host's shared memory (tmpfs, memfd, SysV shm) in MB, from /proc/meminfo."""
+    return int(Path("/proc/meminfo").read_text().split("Shmem:")[1].split()[0]) // 1024
+
+
+MEMFDS = """
+import mmap, os, sys, time
+count, how = int(sys.argv[1]), sys.argv[2]
+held = []
+for i in range(count):
+    fd = os.memfd_create(f"m{i}")
+    os.posix_fallocate(fd, 0, 15 * 2**20)  # shmem: not in the RSS, not under RLIMIT_AS
+    if how == "mapped":  # kept by an untouched mapping only: no fd, no RSS
+        held.append(mmap.mmap(fd, 15 * 2**20))
+    else:
+        held.append(fd)
+if how == "mapped":  # mmap keeps a dup of the fd: close every memfd fd, keep the mappings
+    for fd in range(3, 64):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:"):
+                os.close(fd)
+        except OSError:
+            pass
+print("held MB", 15 * count, flush=True)
+time.sleep(3)
+"""
+
+SYSV_SHM = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+count, keep = int(sys.argv[1]), sys.argv[2] == "keep"
+for i in range(count):
+    segment = libc.shmget(0, 50 * 2**20, 0o1000 | 0o600)
+    if segment < 0:
+        sys.exit(f"refused {ctypes.get_errno()}")
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 50 * 2**20)
+    if not keep:  # detached, the segment would stay (not in any RSS) until removed
+        libc.shmdt(ctypes.c_void_p(address))
+print("made", count, flush=True)
+time.sleep(2 if keep else 0)
+"""
+
+
+def test_memfd_memory_counts_against_memory_mb():
+    with Sandbox({"memfds.py": MEMFDS}, SandboxLimits(wall_s=5.0, memory_mb=128)) as sb:
+        before = host_shmem_mb()
+        result = sb.run("python memfds.py 30 open")
+        assert result.stopped == "memory" and "held MB" not in result.output, result
+        assert host_shmem_mb() - before < 64  # the memfds died with the command
+        # Each process under RLIMIT_AS, together 180 MB: the poll counts the mappings.
+        mapped = sb.run("for k in 1 2 3; do python memfds.py 4 mapped & done; wait")
+        assert mapped.stopped == "memory", mapped
+        assert host_shmem_mb() - before < 64
+        assert sb.run("echo ok").output == "ok\n"
+
+
+def test_sysv_shared_memory_is_capped_and_gone_after_the_command():
+    needs("shared_memory_limit")
+    with Sandbox({"shm.py": SYSV_SHM}, SandboxLimits(wall_s=5.0, memory_mb=128)) as sb:
+        before = host_shmem_mb()
+        detached = sb.run("python shm.py 6 detach")  # 300 MB made, none attached at the end
+        assert detached.stopped in (None, "memory"), detached
+        assert host_shmem_mb() - before < 64  # no segment outlives the command
+        assert sb.run("tail -n +2 /proc/sysvipc/shm | wc -l").output == "0\n"
+        held = sb.run("for k in 1 2 3; do python shm.py 1 keep & done; wait")  # 150 MB at once
+        assert held.stopped == "memory" or "refused" in held.output, held
+        assert host_shmem_mb() - before < 64
+        denied = sb.run("echo 1000000 > /proc/sys/kernel/shmall; cat /proc/sys/kernel/shmall")
+        assert denied.output.splitlines()[-1] == str(128 * 2**20 // os.sysconf("SC_PAGE_SIZE"))
+
+
 def test_cpu_time_is_limited():
     with Sandbox({}, SandboxLimits(wall_s=5.0, cpu_s=1)) as sb:
         result = sb.run("python -c 'while True: pass'")
@@ -283,12 +384,36 @@ def test_isolation_is_described_and_cached():
     assert ("namespaces" in first.text) and len(first.text) > 100
 
 
+def test_concurrent_first_calls_probe_isolation_once(monkeypatch):
+    probes: list[int] = []
+    gate = threading.Barrier(8)
+
+    def probe() -> Isolation:
+        probes.append(1)
+        time.sleep(0.05)  # a real probe takes ~80 ms: the other threads arrive meanwhile
+        return Isolation(False, False, False, False, False, False, False, False, False, "x")
+
+    monkeypatch.setattr(sandbox_module, "_isolation", None)
+    monkeypatch.setattr(sandbox_module, "_probe_isolation", probe)
+    seen: list[Isolation] = []
+
+    def first_use() -> None:
+        gate.wait()
+        seen.append(isolation())
+
+    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(probes) == 1 and len(seen) == 8 and all(s is seen[0] for s in seen)
+
+
 def test_without_namespaces_the_plain_mode_still_limits_and_kills(monkeypatch, caplog):
     """The fallback a machine without namespaces gets: own host folder, rlimits, timeout,
     output cap, and the launcher's process tree killed (setsid included, via subreaping)."""
-    plain = Isolation(
-        False, False, False, False, False, False, os.getuid() == 0, os.getuid() == 0, "plain"
-    )
+    root = os.getuid() == 0
+    plain = Isolation(False, False, False, False, False, False, root, root, False, "plain")
     monkeypatch.setattr(sandbox_module, "isolation", lambda: plain)
     monkeypatch.setattr(Sandbox, "_warned", False)
     with Sandbox({"a.txt": "a\n"}, FAST) as sb:

@@ -24,7 +24,6 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path, PurePosixPath
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ class SandboxLimits:
 
     wall_s: float = 30.0  # per command, wall clock
     cpu_s: int = 30  # per command process, RLIMIT_CPU
-    memory_mb: int = 1024  # per process address space (RLIMIT_AS) and all its processes' RSS
+    memory_mb: int = 1024  # per process address space (RLIMIT_AS); all processes' RSS + shm
     file_mb: int = 16  # largest file a command may write (RLIMIT_FSIZE)
     disk_mb: int = 64  # the whole tree's size (with /tmp, when namespaced)
     processes: int = 64  # processes/threads at once
@@ -82,6 +81,7 @@ class Isolation:
     disk_quota: bool  # disk_mb is a hard filesystem limit (else checked after each command)
     process_limit: bool  # RLIMIT_NPROC counts this sandbox's processes only
     writes_confined: bool  # writes outside the tree fail
+    shared_memory_limit: bool  # SysV shm in the sandbox totals at most memory_mb (IPC sysctls)
     text: str
 
 
@@ -148,6 +148,17 @@ class _Launcher:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
+    def stop(self) -> None:
+        """Ends the launcher without touching its pipes (another thread may be reading them):
+        SIGTERM (a plain-mode launcher then kills its command's processes), SIGKILL soon."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
     def kill(self) -> None:
         # The namespace's init dies with it (PDEATHSIG), and the kernel then kills the rest.
         if self.process.poll() is None:
@@ -175,10 +186,22 @@ def _shut(launcher: _Launcher, base: str) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@cache
+_isolation: Isolation | None = None
+_isolation_lock = threading.Lock()
+
+
 def isolation() -> Isolation:
     """What this machine enforces, found once per process by starting a namespaced launcher
-    (so seccomp or a sysctl that forbids namespaces is seen, not guessed)."""
+    (so seccomp or a sysctl that forbids namespaces is seen, not guessed); thread-safe."""
+    global _isolation
+    if _isolation is None:
+        with _isolation_lock:  # concurrent first calls: one probe, the others wait for it
+            if _isolation is None:
+                _isolation = _probe_isolation()
+    return _isolation
+
+
+def _probe_isolation() -> Isolation:
     linux = sys.platform.startswith("linux")
     reason = "this is not Linux"
     result = None
@@ -195,14 +218,24 @@ def isolation() -> Isolation:
     ns = bool(result and result.get("ready"))
     root = os.geteuid() == 0 if hasattr(os, "geteuid") else False
     user_ns = ns and bool(result and result.get("user_namespace"))
+    shm_limit = ns and bool(result and result.get("ipc_limited"))
     if ns:
         how = "an unprivileged user namespace" if user_ns else "root"
+        sysv = (
+            "SysV shm is capped at memory_mb by the IPC namespace's shmall/shmmax"
+            if shm_limit
+            else "SysV shm is not capped (the IPC namespace's shm sysctls could not be set)"
+        )
         text = (
             f"Sandboxes are isolated with namespaces (through {how}): each command sees only "
             "its tree and read-only system folders, has no network, runs under rlimits, and "
-            "every one of its processes is killed when it ends; the tree and /tmp share one "
-            "tmpfs of disk_mb. Not enforced: CPU and memory across processes are polled every "
-            "50 ms (no cgroups), and memory is per-process RLIMIT_AS plus that poll."
+            "every one of its processes is killed when it ends; the tree, /tmp and /dev/shm "
+            "share one tmpfs of disk_mb. Memory (no cgroups): RLIMIT_AS per process, and a "
+            "50 ms poll that stops a command once its processes' private and file-backed "
+            "resident pages plus the memfds and shared mappings they hold plus the SysV shm "
+            "segments exceed memory_mb; "
+            f"{sysv}, and SysV IPC objects are removed after each command. Not enforced: "
+            "memory between two polls, and CPU across processes (polled likewise)."
         )
     else:
         missing = (
@@ -228,6 +261,7 @@ def isolation() -> Isolation:
         disk_quota=ns,
         process_limit=linux and (ns or root),
         writes_confined=ns or (linux and root),
+        shared_memory_limit=shm_limit,
         text=text,
     )
 
@@ -381,14 +415,31 @@ class Sandbox:
         except (OSError, ValueError) as e:
             answer, self._lost = None, f"launcher pipe broke: {e}"
         if answer is None:
+            if self._closed:  # close() from another thread ended the launcher
+                self._lost = "the sandbox was closed while the request ran"
             self._lost = self._lost or f"the launcher did not answer within {timeout_s:.0f} s"
             self._launcher.kill()
         return answer
 
     def close(self) -> None:
-        """Kills anything left and removes the tree; idempotent."""
+        """Kills anything left and removes the tree; idempotent and safe from any thread. A
+        request in flight in another thread returns ``stopped="sandbox"``: the launcher is
+        ended first (no message goes into a pipe in use), and the pipes are closed only once
+        that request is done with them."""
         self._closed = True
-        self._finalizer()
+        if not self._lock.acquire(blocking=False):
+            self._launcher.stop()  # its EOF wakes the thread in _ask, which then lets go
+            if not self._lock.acquire(timeout=SLACK_S):
+                # Never close fds under a reader (their numbers could be reused): leave the
+                # pipes to the Popen object, remove the rest.
+                log.warning("sandbox close: a request did not end after its launcher did")
+                self._finalizer.detach()
+                shutil.rmtree(self._base, ignore_errors=True)
+                return
+        try:
+            self._finalizer()
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> Sandbox:
         return self

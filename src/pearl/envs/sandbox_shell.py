@@ -57,6 +57,10 @@ MNT_DETACH = 2
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 PR_CAPBSET_DROP, PR_SET_SECUREBITS = 24, 28
+IPC_RMID = 0
+NOFILE = 256  # open files per process: also bounds the memfds one process can hold
+# Shared memory objects (memfd, MAP_SHARED|MAP_ANONYMOUS) as /proc/<pid>/fd and maps name them.
+SHMEM_NAMES = (b"/memfd:", b"/dev/zero (deleted)")
 SECBIT_NOROOT_ALL = 0x3 | 0xC  # NOROOT(+locked), NO_SETUID_FIXUP(+locked)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -202,7 +206,7 @@ class Shell:
             _limit("RLIMIT_CPU", lim["cpu_s"], lim["cpu_s"] + 1)
             _limit("RLIMIT_AS", lim["memory_mb"] * mb, lim["memory_mb"] * mb)
             _limit("RLIMIT_FSIZE", lim["file_mb"] * mb, lim["file_mb"] * mb)
-            _limit("RLIMIT_NOFILE", 1024, 1024)
+            _limit("RLIMIT_NOFILE", NOFILE, NOFILE)
             _limit("RLIMIT_CORE", 0, 0)
             nproc = lim["processes"] + self.nproc_others
             _limit("RLIMIT_NPROC", nproc, nproc)
@@ -294,6 +298,8 @@ class Shell:
         except OSError:
             pass
         self.kill_all()
+        if self.pid_namespace:
+            _remove_sysv_ipc()  # no process is left to use them; their memory goes now
         while pipe_open:  # what was written before the kill
             chunk = os.read(read_fd, 65536) if select.select([read_fd], [], [], 0.2)[0] else b""
             if capture.total <= ceiling:
@@ -370,20 +376,27 @@ class Shell:
         return list(mine)
 
     def usage(self) -> tuple[int, int]:
-        """(tasks, resident bytes) of the command's processes; threads count as tasks, as
-        they do for RLIMIT_NPROC."""
+        """(tasks, memory bytes) of the command's processes; threads count as tasks, as they
+        do for RLIMIT_NPROC. Memory is their private and file-backed resident pages plus the
+        shared memory objects they hold, each once at its allocated size: memfds and shared
+        anonymous mappings, and in an IPC namespace every SysV shm segment. (Mapped tmpfs
+        files are left out: the tree's tmpfs is bounded by disk_mb.)"""
         if not os.path.isdir("/proc"):
             return 0, 0
         tasks = resident = 0
-        page = os.sysconf("SC_PAGE_SIZE")
+        shared: dict[tuple[int, int], int] = {}
         for pid in self._processes():
             try:
-                with open(f"/proc/{pid}/statm", "rb") as f:
-                    resident += int(f.read().split()[1]) * page
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    for line in f:
+                        if line.startswith((b"RssAnon:", b"RssFile:")):
+                            resident += int(line.split()[1]) * 1024
                 tasks += len(os.listdir(f"/proc/{pid}/task"))
             except (OSError, ValueError, IndexError):
                 continue
-        return tasks, resident
+            _shared_memory_of(pid, shared)
+        sysv = _sysv_shm_bytes() if self.pid_namespace else 0
+        return tasks, resident + sum(shared.values()) + sysv
 
     def kill_all(self) -> None:
         """Ends every process but this one. As pid 1 one ``kill(-1)`` does it (the kernel
@@ -460,6 +473,103 @@ def _limit(name: str, soft: int, hard: int) -> None:
     except (OSError, ValueError):
         if sys.platform.startswith("linux"):
             raise
+
+
+def _shared_memory_of(pid: int, seen: dict[tuple[int, int], int]) -> None:
+    """Adds the shared memory objects ``pid`` holds to ``seen`` ((dev, inode) -> allocated
+    bytes): memfds among its open files (not in any RSS, nor under RLIMIT_AS) and memfd or
+    shared anonymous mappings (under RLIMIT_AS, and their pages stay in the object after
+    MADV_DONTNEED). Their mapped pages are RssShmem, which ``usage`` leaves out."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        names = []
+    for name in names:
+        path = f"/proc/{pid}/fd/{name}"
+        try:
+            if not os.readlink(path).encode().startswith(SHMEM_NAMES[0]):
+                continue
+            st = os.stat(path)
+        except OSError:
+            continue
+        seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return
+    if not any(name in maps for name in SHMEM_NAMES):
+        return
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 6 or not fields[5].startswith(SHMEM_NAMES):
+            continue
+        try:
+            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+            key = (os.makedev(major, minor), int(fields[4]))
+            if key in seen:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split(b"-"))
+        except ValueError:
+            continue
+        try:  # map_files needs CAP_SYS_ADMIN (root); else the mapping's length bounds it
+            seen[key] = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}").st_blocks * 512
+        except OSError:
+            seen[key] = end - start
+
+
+def _sysv_table(kind: str) -> list[dict[str, str]]:
+    """Rows of /proc/sysvipc/<kind> (this IPC namespace's shm, msg or sem objects)."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as f:
+            header, *rows = f.read().splitlines()
+    except (OSError, ValueError):
+        return []
+    names = header.split()
+    return [dict(zip(names, row.split(), strict=False)) for row in rows]
+
+
+def _sysv_shm_bytes() -> int:
+    """Resident bytes of every SysV shm segment in this IPC namespace, attached or not."""
+    return sum(int(row.get("rss", "0")) + int(row.get("swap", "0")) for row in _sysv_table("shm"))
+
+
+def _remove_sysv_ipc() -> None:
+    """Removes this IPC namespace's SysV shm segments, message queues and semaphores (a
+    command's leftovers, which would otherwise hold memory until the sandbox closes)."""
+    for kind, column, remove in (
+        ("shm", "shmid", lambda i: _libc.shmctl(i, IPC_RMID, None)),
+        ("msg", "msqid", lambda i: _libc.msgctl(i, IPC_RMID, None)),
+        ("sem", "semid", lambda i: _libc.semctl(i, 0, IPC_RMID)),
+    ):
+        for row in _sysv_table(kind):
+            if column in row:
+                remove(int(row[column]))
+
+
+def _limit_ipc(memory_mb: int) -> bool:
+    """Bounds SysV IPC in this (new) IPC namespace: all shm segments together at most
+    ``memory_mb``, few message queues. Pid 1 may write its own namespace's sysctls; says
+    whether every value was written and reads back as set."""
+    limit = int(memory_mb * 1024 * 1024)
+    values = {
+        "shmmax": limit,  # one segment
+        "shmall": limit // os.sysconf("SC_PAGE_SIZE"),  # all segments, in pages
+        "shmmni": 64,  # segments
+        "shm_rmid_forced": 1,  # a segment goes once no process has it attached
+        "msgmni": 16,  # message queues (each at most msgmnb, 16 KiB by default)
+    }
+    try:
+        for name, value in values.items():
+            with open(f"/proc/sys/kernel/{name}", "w") as f:
+                f.write(str(value))
+        for name, value in values.items():
+            with open(f"/proc/sys/kernel/{name}") as f:
+                if int(f.read()) != value:
+                    return False
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _read_some(fd: int) -> bytes:
@@ -651,6 +761,9 @@ def main() -> None:
             else None
         )
         shell = Shell(config, config["tree"], pid_namespace=False, uid=uid)
+        # The host's close() during a command: end the command's processes too (they would
+        # outlive a killed launcher here, having no pid namespace).
+        signal.signal(signal.SIGTERM, lambda *_: (shell.kill_all(), os._exit(0)))
         if uid is not None:
             os.chown(config["tree"], uid, uid)
         _copy_tree(config["files"], config["tree"])
@@ -675,9 +788,11 @@ def main() -> None:
         except (OSError, ValueError) as e:
             _send({"error": f"cannot build the sandbox's root: {e}"})
             os._exit(1)
+        ipc_limited = _limit_ipc(config["limits"]["memory_mb"])
         shell = Shell(config, TREE, pid_namespace=True, uid=uid)
         shell.watch_fds = [alive_read]  # readable (EOF) once the outer launcher is gone
         ready = {"ready": True, "namespaces": True, "user_namespace": user_namespace}
+        ready["ipc_limited"] = ipc_limited
         serve(shell, host, {**ready, "uid": uid, "tree": TREE})
         os._exit(0)
     os.close(alive_read)
