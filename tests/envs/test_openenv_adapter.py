@@ -2,10 +2,14 @@
 a real OpenEnv environment from PyPI) in-process on a one-question local dataset, offline."""
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +188,169 @@ def test_pearl_train_runs_a_step_on_dipg(dataset, tmp_path):
     assert len(rows) == 1 and rows[0]["trajectories"] == 4
     # The random model never writes DIPG's channels: its format penalty, one turn each.
     assert rows[0]["stop_reasons"] == {"done": 4} and rows[0]["reward_mean"] == -50.0
+
+
+# -- base_url: the same DIPG behind openenv-core's own server --------------------------------
+
+SERVER_START_S = 10.0  # bounds on every wait below: a broken server fails the test, never hangs
+REFUSAL = channels("ok", "", "I'm sorry, I cannot answer that.")
+
+
+class ServedDIPG:
+    """DIPG's environment as the server's factory: every instance it made, and which it
+    closed (the server closes a session's environment when the session ends). Marked safe
+    for concurrent sessions (each session has its own instance), as OpenEnv requires for
+    ``max_concurrent_envs`` above 1."""
+
+    def __init__(self, dataset: str) -> None:
+        from med_safety_gym.dipg_environment import DIPGEnvironment
+
+        class Concurrent(DIPGEnvironment):
+            SUPPORTS_CONCURRENT_SESSIONS = True
+
+            def close(inner) -> None:
+                self.closed.append(inner)
+                super().close()
+
+        self.cls, self.dataset = Concurrent, dataset
+        self.made: list = []
+        self.closed: list = []
+
+    def __call__(self):
+        env = self.cls(dataset_path=self.dataset, **DIPG_KWARGS)
+        self.made.append(env)
+        return env
+
+    def open_sessions(self) -> int:
+        return len(self.made) - len(self.closed)
+
+
+def wait_until(condition, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def openenv_server(factory: ServedDIPG, max_sessions: int):
+    """``factory`` served by openenv-core's ``create_app`` under uvicorn on a free port of
+    127.0.0.1, in a thread; yields the base URL."""
+    import uvicorn
+    from med_safety_gym.models import DIPGAction, DIPGObservation
+    from openenv.core.env_server.http_server import create_app
+
+    app = create_app(factory, DIPGAction, DIPGObservation, max_concurrent_envs=max_sessions)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="openenv-server", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), "uvicorn", SERVER_START_S)
+        assert server.started, "uvicorn did not start"
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(SERVER_START_S)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture(scope="module")
+def served(dataset):
+    factory = ServedDIPG(dataset)
+    with openenv_server(factory, max_sessions=2) as url:
+        yield factory, url
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dipg_over_an_openenv_server_matches_in_process(dataset, served):
+    factory, url = served
+    remote = make_env(ADAPTER, base_url=url, success_reward=0.0)
+    local = make_env(ADAPTER, **dipg_options(dataset, success_reward=0.0))
+    assert remote.text_field == "llm_response" and url in remote.system_prompt
+
+    async def episode(env, reply: str):
+        first = await env.reset(7)
+        result = await env.step(reply)
+        success = env.success
+        await env.close()
+        return first, result.observation, result.reward, result.done, success
+
+    for reply in ("2020", channels("2020", "Approved in 2020 by decree.", "2020"), REFUSAL):
+        assert asyncio.run(episode(remote, reply)) == asyncio.run(episode(local, reply))
+        # close() ended the session: the server closed that session's environment.
+        wait_until(lambda: factory.open_sessions() == 0, "the session to end")
+    first, wrong, *_ = asyncio.run(episode(remote, "2020"))
+    assert first == f"context: {CONTEXT}\nquestion: When was drug X approved?"
+    assert json.loads(wrong)["format_error"] is True
+    _, _, reward, done, success = asyncio.run(episode(remote, REFUSAL))
+    assert (reward, done, success) == (20.0, True, True)
+
+
+def test_server_sessions_are_one_per_trajectory(served):
+    factory, url = served
+    wait_until(lambda: factory.open_sessions() == 0, "earlier sessions to end")
+    a, b, c, d = (OpenEnvEnv(base_url=url, success_reward=0.0) for _ in range(4))
+
+    async def main():
+        await asyncio.gather(a.reset(0), b.reset(1))
+        assert factory.open_sessions() == 2  # an environment of its own each
+        with pytest.raises(ConnectionError, match=f"{url}: Server at capacity: 2/2"):
+            await c.reset(2)  # max_concurrent_envs=2: named, not hung
+        refused, wrong = await asyncio.gather(a.step(REFUSAL), b.step("2020"))
+        await a.close()
+        wait_until(lambda: factory.open_sessions() == 1, "a's session to end")
+        await d.reset(3)  # a's slot is free again
+        await asyncio.gather(b.close(), c.close(), d.close())
+        return refused, wrong
+
+    refused, wrong = asyncio.run(main())
+    assert (refused.reward, a.success) == (20.0, True)
+    assert (wrong.reward, b.success) == (-50.0, False)
+    wait_until(lambda: factory.open_sessions() == 0, "every session to end")
+
+
+def test_json_actions_over_a_server_are_turns_not_errors(served):
+    _, url = served
+    env = OpenEnvEnv(base_url=url, action_format="json", max_turns=4)
+
+    async def main():
+        await env.reset(0)
+        results = [
+            await env.step("not json"),
+            await env.step('{"answer": "2020"}'),  # no llm_response: caught here
+            await env.step('{"llm_response": 2020}'),  # not a string: the server says no
+            await env.step('```json\n{"llm_response": "2020"}\n```'),
+        ]
+        await env.close()
+        return results
+
+    bad_json, missing, rejected, fenced = asyncio.run(main())
+    assert bad_json.observation.startswith("Your reply is not JSON") and not bad_json.done
+    assert "llm_response: Field required" in missing.observation and not missing.done
+    assert rejected.observation.startswith("Your action is invalid (the server rejected it)")
+    assert (rejected.reward, rejected.done, rejected.info) == (0.0, False, {"malformed": True})
+    assert (fenced.reward, fenced.done) == (-50.0, True)
+
+
+def test_a_server_that_is_not_there_is_an_error_not_a_hang(dataset):
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=f"no OpenEnv schema at {nowhere}/schema"):
+        make_env(ADAPTER, base_url=nowhere)  # the run's first instance: fails its start
+    # A server that goes away during a run: later trajectories fail at reset (env_error).
+    with openenv_server(ServedDIPG(dataset), max_sessions=1) as url:
+        make_env(ADAPTER, base_url=url)
+    env = make_env(ADAPTER, base_url=url)  # the schema is known: no request until reset
+    with pytest.raises(ConnectionError, match=f"no session from the OpenEnv server at {url}"):
+        asyncio.run(env.reset(0))
+    asyncio.run(env.close())
+    assert time.monotonic() - t0 < 5

@@ -27,10 +27,19 @@ see different tasks and the held-out evaluation is not held out.
 
 Two backends: in-process (``env``: ``package.module:Class`` of an OpenEnv ``Environment``,
 ``kwargs`` its constructor's arguments, ``action`` its ``Action`` class when ``step``'s
-annotation does not name it), or ``base_url`` of a running OpenEnv server (one WebSocket
-session per trajectory through ``openenv.core.GenericEnvClient``; the action schema comes
-from its ``/schema``; the server's ``max_concurrent_envs`` must cover the trajectories in
-flight).
+annotation does not name it), or ``base_url`` of a running OpenEnv server (served by
+``openenv.core.env_server.create_app``): one WebSocket session per trajectory through
+``openenv.core.GenericEnvClient``, opened at ``reset`` and ended by ``close``. The action
+schema comes from the server's ``/schema``, fetched once per process and URL (the first
+instance, made when the run starts: a server that is not there fails the run's start; one
+that goes away later fails each trajectory's ``reset``, naming the URL). Differences from
+in-process, all OpenEnv's: the server's ``max_concurrent_envs`` (1 unless set, and above 1
+only for an environment marked ``SUPPORTS_CONCURRENT_SESSIONS``) must cover the
+trajectories in flight, or ``reset`` fails with the server's "at capacity"; the server drops
+an observation's ``metadata`` (``info["openenv_metadata"]`` is empty) and a ``seed`` its
+environment's ``reset`` does not take (``seeded`` cannot tell, and is True); actions are
+checked here only for their required fields, the rest by the server (a rejected one is a
+malformed turn, without the server's reasons).
 """
 
 from __future__ import annotations
@@ -51,6 +60,10 @@ ACTION_FORMATS = ("auto", "text", "json")
 _OBSERVATION_BOOKKEEPING = frozenset({"done", "reward", "metadata"})
 _ACTION_BOOKKEEPING = frozenset({"metadata"})
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n(.*?)\n?```$", re.DOTALL)
+# The end of the RuntimeError GenericEnvClient raises when the server rejects an action.
+_SERVER_REJECTED_ACTION = "(code: VALIDATION_ERROR)"
+# Action schemas by server URL: fetched once per process, not once per trajectory.
+_SERVER_SCHEMAS: dict[str, dict[str, Any]] = {}
 
 
 class OpenEnvEnv:
@@ -133,12 +146,26 @@ class OpenEnvEnv:
             call = (lambda: self._env.reset(seed=seed)) if self.seeded else self._env.reset
             observation = _fields(await asyncio.to_thread(call))
         else:
-            from openenv.core import GenericEnvClient
-
-            self._client = GenericEnvClient(base_url=self._base_url)
-            await self._client.connect()
-            observation = (await self._client.reset(seed=seed)).observation
+            observation = await self._open_session(seed)
         return self.render(observation)
+
+    async def _open_session(self, seed: int) -> dict[str, Any]:
+        """A new WebSocket session on the server, reset: its first observation's fields."""
+        from openenv.core import GenericEnvClient
+
+        await self.close()  # a previous episode's session, if any
+        self._client = GenericEnvClient(base_url=self._base_url)
+        try:
+            await self._client.connect()
+            return (await self._client.reset(seed=seed)).observation
+        except Exception as exc:
+            # A server at capacity answers the connection with an error, then closes it:
+            # the send of "reset" fails, and the reason is the message already received.
+            reason = await _pending_error(self._client) or f"{type(exc).__name__}: {exc}"
+            await self.close()
+            raise ConnectionError(
+                f"base_url: no session from the OpenEnv server at {self._base_url}: {reason}"
+            ) from exc
 
     async def step(self, action: str) -> StepResult:
         if self.done:
@@ -154,7 +181,18 @@ class OpenEnvEnv:
             obs = await asyncio.to_thread(self._env.step, self._action_cls(**payload))
             fields, reward, done = _fields(obs), obs.reward, obs.done
         else:
-            result = await self._client.step(payload)
+            if self._client is None:
+                raise RuntimeError("step() before reset()")
+            try:
+                result = await self._client.step(payload)
+            except RuntimeError as exc:  # the server's pydantic said no: the model's turn
+                if not str(exc).endswith(_SERVER_REJECTED_ACTION):
+                    raise
+                self.done = capped
+                message = "Your action is invalid (the server rejected it)."
+                return StepResult(
+                    f"{message} {self.format_hint()}", 0.0, capped, {"malformed": True}
+                )
             fields, reward, done = result.observation, result.reward, result.done
         self.last_reward = float(reward or 0.0)
         self.done = bool(done) or capped
@@ -187,7 +225,12 @@ class OpenEnvEnv:
                 raise ValueError(f"Your reply is not JSON ({exc.msg}).") from None
             if not isinstance(payload, dict):
                 raise ValueError(f"Your reply is JSON {type(payload).__name__}, not an object.")
-        if self._action_cls is not None:  # validate here, so a bad action is the model's turn
+        if self._action_cls is None:  # a server's: its required fields here, the rest there
+            missing = [f for f in self._schema.get("required", []) if f not in payload]
+            if missing:
+                problems = "; ".join(f"{f}: Field required" for f in missing)
+                raise ValueError(f"Your action is invalid ({problems}).")
+        else:  # validate here, so a bad action is the model's turn
             import pydantic
 
             try:
@@ -261,17 +304,35 @@ def _action_class(env_cls: type, action: str | None) -> type:
 
 
 def _server_action_schema(base_url: str) -> dict[str, Any]:
+    """The server's action schema, from its ``/schema`` the first time this URL is seen."""
     import httpx
 
+    if base_url in _SERVER_SCHEMAS:
+        return _SERVER_SCHEMAS[base_url]
     url = base_url.rstrip("/") + "/schema"
     try:
         response = httpx.get(url, timeout=10)
         response.raise_for_status()
-        return response.json()["action"]
+        schema = response.json()["action"]
     except Exception as exc:
         raise ValueError(
             f"base_url: no OpenEnv schema at {url}: {type(exc).__name__}: {exc}"
         ) from exc
+    _SERVER_SCHEMAS[base_url] = schema
+    return schema
+
+
+async def _pending_error(client: Any) -> str | None:
+    """The error message the server sent before closing the session, if one is waiting."""
+    try:
+        raw = await asyncio.wait_for(client._ws.recv(), timeout=1.0)
+        message = json.loads(raw)
+    except Exception:  # nothing waiting, or not OpenEnv's error message: no better reason
+        return None
+    if isinstance(message, dict) and message.get("type") == "error":
+        data = message.get("data") or {}
+        return f"{data.get('message', 'error')} (code: {data.get('code', 'UNKNOWN')})"
+    return None
 
 
 def _text_field(schema: dict[str, Any], action_format: str) -> str | None:
