@@ -71,12 +71,15 @@ def main() -> None:
     tiers = {when: by_tier(evals[when], tier) for when in ("before", "after")}
 
     print(f"run {args.run} ({config['env']['name']}, tier {tier if tier is not None else 'mix'})")
-    print("step  trajectories  trained  reward  success  env_failures  stop reasons")
+    # Every trajectory reaches the trainer unless its environment failed (env_failures);
+    # its samples (one per segment) with no advantage (a group of equal rewards) score no
+    # tokens: scored_tokens is what the update learned from.
+    print("step  trajectories  env_failures  samples_no_advantage  scored_tokens  reward  success")
     for row in steps:
-        trained = row["trajectories"] - row.get("skipped_trajectories", 0)
         print(
-            f"{row['step']:>4}  {row['trajectories']:>12}  {trained:>7}  {row['reward_mean']:>6.3f}"
-            f"  {100 * row['success_rate']:>6.1f}%  {row['env_failures']:>12}  {row['stop_reasons']}"
+            f"{row['step']:>4}  {row['trajectories']:>12}  {row['env_failures']:>12}"
+            f"  {row.get('skipped_trajectories', 0):>20}  {row['scored_tokens']:>13}"
+            f"  {row['reward_mean']:>6.3f}  {100 * row['success_rate']:>6.1f}%  {row['stop_reasons']}"
         )
     endpoint = summary.get("agent_endpoint", {})
     print(f"endpoint: {endpoint.get('calls', 0)} calls, {endpoint.get('errors', 0)} errors")
@@ -100,7 +103,8 @@ def main() -> None:
                 k: row[k]
                 for k in ("step", "trajectories", "reward_mean", "success_rate", "env_failures")
             }
-            | {"skipped_trajectories": row.get("skipped_trajectories", 0)}
+            | {"samples_no_advantage": row.get("skipped_trajectories", 0)}
+            | {"scored_tokens": row["scored_tokens"]}
             | {"stop_reasons": row["stop_reasons"], "rollout_s": row["rollout_s"]}
             for row in steps
         ],

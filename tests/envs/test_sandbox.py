@@ -5,6 +5,7 @@ megabytes ends with a clear reason while the host and the run go on."""
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -431,3 +432,27 @@ def test_without_namespaces_the_plain_mode_still_limits_and_kills(monkeypatch, c
     assert not root.exists()
     warnings = [r.message for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "partial" in warnings[0]
+
+
+@pytest.mark.skipif(not isolation().filesystem_view, reason="no filesystem view on this machine")
+def test_a_python_installed_under_tmp_runs_in_the_sandbox(tmp_path):
+    """The sandbox mounts a tmpfs over /tmp; a PEARL venv under /tmp (a clone there) must
+    still be what `python` runs inside, not hidden by it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    src = Path(__file__).resolve().parents[2] / "src"
+    script = (
+        "from pearl.envs.sandbox import Sandbox\n"
+        "with Sandbox({'a.py': 'print(6 * 7)'}) as box:\n"
+        "    r = box.run('command -v python; python a.py')\n"
+        "print(r.returncode, r.output)\n"
+    )
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:3] == ["0", str(venv / "bin" / "python"), "42"], done.stdout

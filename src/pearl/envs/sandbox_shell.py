@@ -641,14 +641,6 @@ def _build_root(config: dict, uid: int | None) -> None:
         elif os.path.isdir(host):
             os.mkdir(f"{new}/{name}")
             _bind_readonly(host, f"{new}/{name}")
-    for folder in sorted(set(config["python_dirs"])):
-        real = os.path.realpath(folder)
-        if any(os.path.commonpath([real, f"/{d}"]) == f"/{d}" for d in SYSTEM_DIRS):
-            continue
-        if not os.path.isdir(real) or os.path.isdir(new + real):
-            continue
-        os.makedirs(new + real, mode=0o755)
-        _bind_readonly(real, new + real)
     os.makedirs(f"{new}/etc/ld.so.conf.d")
     for name in ETC_FILES + tuple(f"ld.so.conf.d/{n}" for n in _listdir("/etc/ld.so.conf.d")):
         if os.path.isfile(f"/etc/{name}"):
@@ -691,6 +683,16 @@ def _build_root(config: dict, uid: int | None) -> None:
         _mount(f"{disk}/{name}", new + where, None, MS_BIND)
     _check(_libc.umount2(disk.encode(), MNT_DETACH), "umount disk")
     os.rmdir(disk)
+    # The Python that runs PEARL, after /tmp and /dev/shm: a venv under /tmp (a fresh clone
+    # there, say) would be hidden by the tmpfs mounted over /tmp otherwise.
+    for folder in sorted(set(config["python_dirs"])):
+        real = os.path.realpath(folder)
+        if any(os.path.commonpath([real, f"/{d}"]) == f"/{d}" for d in SYSTEM_DIRS):
+            continue
+        if not os.path.isdir(real) or os.path.isdir(new + real):
+            continue
+        os.makedirs(new + real, mode=0o755)
+        _bind_readonly(real, new + real)
     _copy_tree(config["files"], new + TREE)
     if uid is not None:
         for folder, dirs, names in os.walk(new + TREE):
