@@ -5,6 +5,7 @@ tokens, grouping into segments, errors, failures that end an episode, and securi
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import sys
 
@@ -563,3 +564,35 @@ def test_mini_swe_agent_names_the_configs_it_can_take():
 
     with pytest.raises(ValueError, match=r"'nope': no such file; give 'pearl'.*mini_textbased"):
         solve(0, ClientConfig("http://127.0.0.1:1/v1", "none", "m"), config="nope")
+
+
+async def drops_its_reply(seed, c):
+    """As mini-swe-agent after a reply it cannot parse: the next call resends the first
+    prompt plus a complaint, without the reply. Keeps both prompts' ids."""
+    async with client(c) as llm:
+        prompts = []
+        for messages in (USER, [*USER, {"role": "user", "content": "format error"}]):
+            r = await llm.chat.completions.create(
+                model=c.model, messages=messages, extra_body={"return_token_ids": True}
+            )
+            prompts.append((r.model_extra or {})["prompt_token_ids"])
+        drops_its_reply.prompts = prompts
+    return 0.0
+
+
+def test_each_call_is_recorded_as_the_sessions_growth_for_the_replay(chat):
+    """rollouts.jsonl's per-turn shape (what the simulator replays): a call that extends
+    the last one keeps its reply and appends the rest; one that resends the last prompt
+    without the reply keeps nothing and appends only what follows that prompt (not its
+    whole prompt again, which the replay would prefill anew)."""
+    (t,), _, _ = run_agents(chat, two_turns)
+    (p1, r1), (p2, _) = two_turns.seen[0]
+    assert t.appended_tokens == [len(p1), len(p2) - len(p1) - len(r1)]
+    assert t.kept_tokens[1] == len(r1)
+    (d,), _, _ = run_agents(chat, drops_its_reply)
+    assert len(d.samples) == 2  # two segments
+    first, second = drops_its_reply.prompts
+    common = len(os.path.commonprefix([first, second]))
+    assert common > len(first) // 2  # the first prompt, bar its assistant header
+    assert d.appended_tokens == [len(first), len(second) - common]
+    assert d.kept_tokens[1] == 0

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pearl.agents.agent_call import start_agent
@@ -107,6 +108,10 @@ class _Run:
     result: TrajectoryResult
     last_answer: float
     calls: int = 0  # calls taken so far, those in flight included
+    # The last answered call's prompt and reply ids: what the next call's prompt is measured
+    # against for the trajectory's shape (rollouts.jsonl), whichever segment it belongs to.
+    last_prompt: list[int] = field(default_factory=list)
+    last_context: list[int] = field(default_factory=list)
 
 
 class AgentEpisode:
@@ -353,8 +358,10 @@ class AgentEpisode:
             result.env_s.append(env_s)
         result.turns.append(out)
         result.generated.append(len(out.token_ids))
-        result.appended_tokens.append(turn.appended)
-        result.kept_tokens.append(0)
+        appended, kept = _shape(run.last_prompt, run.last_context, turn.prompt)
+        result.appended_tokens.append(appended)
+        result.kept_tokens.append(kept)
+        run.last_prompt, run.last_context = turn.prompt, turn.prompt + list(reply.token_ids)
         run.last_answer = run.clock.now()
         return reply, turn.prompt
 
@@ -402,3 +409,19 @@ def finite_number(value: Any) -> float | None:
     except OverflowError:  # an int past the float range (10**400)
         return None
     return value if math.isfinite(value) else None
+
+
+def _shape(last_prompt: list[int], last_context: list[int], prompt: list[int]) -> tuple[int, int]:
+    """A call as one session's growth, the shape the simulator replays: (``appended`` new
+    tokens, ``kept`` tokens of the previous reply before them). A call that extends the
+    previous one keeps its reply and appends the rest. Any other call appends what follows
+    the longest prefix it shares with the previous prompt and reply, which is what a prefix
+    cache spares it: an agent that resends its last prompt without the reply (mini-swe-agent
+    after a reply it cannot parse) appends only its complaint. The replay cannot take tokens
+    back, so its context then stays longer than the call's by the previous prompt's
+    unshared tail (a chat template's few-token generation header, for that agent). At
+    least one token is appended: an engine computes the last prompt token, cached or not."""
+    if not last_prompt:
+        return len(prompt), 0
+    common = min(len(os.path.commonprefix([last_context, prompt])), len(prompt) - 1)
+    return len(prompt) - common, max(0, common - len(last_prompt))
