@@ -301,16 +301,19 @@ def test_server_sessions_are_one_per_trajectory(served):
     a, b, c, d = (OpenEnvEnv(base_url=url, success_reward=0.0) for _ in range(4))
 
     async def main():
-        await asyncio.gather(a.reset(0), b.reset(1))
-        assert factory.open_sessions() == 2  # an environment of its own each
-        with pytest.raises(ConnectionError, match=f"{url}: Server at capacity: 2/2"):
-            await c.reset(2)  # max_concurrent_envs=2: named, not hung
-        refused, wrong = await asyncio.gather(a.step(REFUSAL), b.step("2020"))
-        await a.close()
-        wait_until(lambda: factory.open_sessions() == 1, "a's session to end")
-        await d.reset(3)  # a's slot is free again
-        await asyncio.gather(b.close(), c.close(), d.close())
-        return refused, wrong
+        try:
+            await asyncio.gather(a.reset(0), b.reset(1))
+            assert factory.open_sessions() == 2  # an environment of its own each
+            # max_concurrent_envs=2: named, not hung (the server's words, however they came)
+            with pytest.raises(ConnectionError, match=f"{url}: .*Server at capacity: 2/2"):
+                await c.reset(2)
+            refused, wrong = await asyncio.gather(a.step(REFUSAL), b.step("2020"))
+            await a.close()
+            wait_until(lambda: factory.open_sessions() == 1, "a's session to end")
+            await d.reset(3)  # a's slot is free again
+            return refused, wrong
+        finally:  # a failure here leaves no session to the next test
+            await asyncio.gather(a.close(), b.close(), c.close(), d.close())
 
     refused, wrong = asyncio.run(main())
     assert (refused.reward, a.success) == (20.0, True)
@@ -319,7 +322,8 @@ def test_server_sessions_are_one_per_trajectory(served):
 
 
 def test_json_actions_over_a_server_are_turns_not_errors(served):
-    _, url = served
+    factory, url = served
+    wait_until(lambda: factory.open_sessions() == 0, "earlier sessions to end")
     env = OpenEnvEnv(base_url=url, action_format="json", max_turns=4)
 
     async def main():
