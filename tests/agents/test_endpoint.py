@@ -596,3 +596,16 @@ def test_each_call_is_recorded_as_the_sessions_growth_for_the_replay(chat):
     assert common > len(first) // 2  # the first prompt, bar its assistant header
     assert d.appended_tokens == [len(first), len(second) - common]
     assert d.kept_tokens[1] == 0
+
+
+def test_without_mini_swe_agent_the_run_is_refused_before_it_starts(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "minisweagent" else find_spec(n, *a)
+    )
+    monkeypatch.delitem(sys.modules, "pearl.agents.examples.mini_swe_agent", raising=False)
+    options = AgentOptions.parse({"agent": "pearl.agents.examples.mini_swe_agent:solve"})
+    with pytest.raises(ConfigError, match=r"pip install 'pearl-rollout\[swe\]'"):
+        options.load()

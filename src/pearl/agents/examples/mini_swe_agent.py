@@ -24,6 +24,7 @@ budgets). Then the task's hidden tests score the tree as it stands (``pearl.envs
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import platform
@@ -34,6 +35,13 @@ from pearl.agents.endpoint import NO_KEY
 from pearl.envs.sandbox import Sandbox, SandboxLimits
 from pearl.envs.swe import ACTION_REGEX, DEMONSTRATION, SYSTEM_PROMPT, is_submission, score_tree
 from pearl.envs.swe_tasks import make_task
+
+# Named before a run starts (env.options.agent is imported then), not at the first episode.
+if importlib.util.find_spec("minisweagent") is None:
+    raise ModuleNotFoundError(
+        "mini-swe-agent is not installed: pip install 'pearl-rollout[swe]' (mini-swe-agent==2.4.6)",
+        name="minisweagent",
+    )
 
 # mini-swe-agent prints a banner at import unless told not to, and litellm fetches its price
 # list from the network at import unless told to use the copy it ships.
