@@ -55,6 +55,9 @@ def load_run(folder: Path) -> tuple[dict, list[dict]]:
     steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if config["rollout"]["workers"] != 1 or config["cluster"].get("preemptible_workers", 0):
         sys.exit("the replay needs a run on one colocated rollout worker (the default)")
+    if config["run"].get("overlap_batches"):
+        # Batches that overlap share the engine's iterations: a step's are not its own.
+        sys.exit("the replay needs a run of one rollout batch at a time (run.overlap_batches off)")
     if len(steps) < 2:
         sys.exit(
             f"{path}: {len(steps)} steps; the replay needs at least 2 (fit on even, compare on odd)"

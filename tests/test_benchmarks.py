@@ -384,3 +384,55 @@ def test_swe_trace_reads_each_turns_quantities_and_summarizes_them(tmp_path):
     assert rows["generated_tokens"]["median_ratio"] == pytest.approx(
         50 / rows["generated_tokens"]["profile"]["median"]
     )
+
+
+def test_slow_env_runs_every_side_and_reads_back_idle_share_and_step_time(tmp_path, monkeypatch):
+    """Every side of benchmarks/slow_env.py (synchronous, asynchronous, overlapping batches,
+    PEARL's policy) on the tiny model; the calculator stands in for the SWE tasks, whose
+    prompts do not fit its context."""
+    import json
+
+    import yaml
+
+    model = _tiny_model_and_no_ray(tmp_path)
+    bench = load("slow_env")
+    out = tmp_path / "s.json"
+    overrides = [
+        f"model.name={model}",
+        "env.name=calculator",
+        "env.options={}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context_tokens=768",
+        "run.steps=3",
+    ]
+    argv = ["slow_env.py", "--runs", str(tmp_path / "runs"), "--out", str(out), *overrides]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    sides = {r["side"]: r for r in json.loads(out.read_text())["sides"]}
+    assert list(sides) == list(bench.SIDES)
+    for r in sides.values():
+        assert r["steps"] == 3 and r["engine_busy_s"] > 0 and 0 <= r["idle_share"] < 1
+        assert r["step_s"] * 3 == pytest.approx(r["steps_wall_s"])
+    assert sides["sync"]["staleness_max"] == 0
+    assert sides["pearl"]["roles"] and sides["pearl"]["borrowed_s"] >= 0
+    recorded = {  # each side ran with its own keys
+        side: yaml.safe_load((tmp_path / "runs" / side / "config.yaml").read_text())
+        for side in sides
+    }
+    assert [recorded[s]["run"]["max_staleness"] for s in sides] == [0, 1, 1, 1]
+    assert [recorded[s]["run"]["overlap_batches"] for s in sides] == [False, False, True, False]
+    assert recorded["pearl"]["cluster"]["policy"] == "pearl"
+
+
+def test_borrowed_seconds_pair_each_borrow_with_its_give_back():
+    bench = load("slow_env")
+    events = [
+        {"kind": "start", "t": 0.0},
+        {"kind": "borrow", "t": 10.0},
+        {"kind": "give_back", "t": 14.0},
+        {"kind": "borrow", "t": 20.0},
+        {"kind": "refit", "t": 25.0},
+    ]
+    assert bench.borrowed_seconds(events) == 9.0  # 4 s, then 5 s still borrowed at the end

@@ -140,8 +140,9 @@ def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ra
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1] and [r["weight_version"] for r in rows] == [1, 2]
     assert all(r["trajectories"] == 4 and r["train_tokens"] > 0 for r in rows)
-    # Staleness 1: batch 1 was rolled out with v0 while step 0 trained.
+    # Staleness 1: batch 1 was rolled out with v0 while step 0 trained, after batch 0.
     assert rows[0]["staleness"] == 0 and rows[1]["staleness"] <= 1
+    assert 0 <= rows[0]["rollout_start_s"] < rows[0]["rollout_end_s"] <= rows[1]["rollout_start_s"]
     # Each step's rollout as token counts (what the simulator replays) and its iterations.
     shapes = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     assert [r["step"] for r in shapes] == [0, 1]
@@ -176,6 +177,39 @@ def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ra
     ]
     assert [r["step"] for r in rows] == [2] and rows[0]["weight_version"] == 3
     assert again["weight_version"] == 3
+
+
+def test_overlapping_batches_roll_out_beside_each_other_within_the_staleness_bound(
+    chat_model, tmp_path, ray_runtime
+):
+    """``run.overlap_batches``: batch i + 1 starts as soon as its weights are there, while
+    batch i still runs (continuous asynchronous generation), and no batch trains on
+    weights older than the bound."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    overrides = [
+        f"model.name={chat_model}",
+        "rollout.tasks_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "run.steps=3",
+        "run.eval_tasks=0",
+        "run.overlap_batches=true",
+        f"run.run_dir={tmp_path}",
+        "run.run_name=overlap",
+    ]
+    out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
+    assert out["complete"] and out["weight_version"] == 3
+    rows = [
+        json.loads(x) for x in (tmp_path / "overlap" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["trajectories"] == 4 and r["staleness"] <= 1 for r in rows)
+    # Batches 0 and 1 need only v0: both start at once and run side by side.
+    assert rows[1]["rollout_start_s"] < rows[0]["rollout_end_s"]
+    # Batch 2 needs v1: it starts only once step 0 has trained.
+    assert rows[2]["rollout_start_s"] >= rows[0]["rollout_end_s"]
 
 
 def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(

@@ -85,6 +85,25 @@ def test_a_stopped_command_is_reported_and_the_episode_goes_on():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="max_turns >= 1"):
         SweEnv(max_turns=0)
+    with pytest.raises(ValueError, match="remote_latency_s must be 0-600 seconds"):
+        SweEnv(remote_latency_s=-1)
+
+
+def test_a_remote_sandbox_latency_delays_every_command_and_the_scoring():
+    env = SweEnv(tier=0, max_turns=2, remote_latency_s=0.3)
+    env.reset(3)
+    t0 = time.perf_counter()
+    assert not env.step(command("true")).done
+    command_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assert env.step(command("true")).done  # the last turn: the command, then the scoring
+    last_s = time.perf_counter() - t0
+    assert command_s >= 0.3 and last_s >= 0.6
+    # A reply with no command runs nothing and waits for nothing.
+    env.reset(3)
+    t0 = time.perf_counter()
+    assert not env.step("no block").done
+    assert time.perf_counter() - t0 < 0.3
 
 
 @pytest.mark.skipif(not isolation().filesystem_view, reason="no filesystem view on this machine")

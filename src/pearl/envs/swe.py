@@ -26,6 +26,7 @@ import json
 import re
 import secrets
 import shlex
+import time
 
 from pearl.envs.base import StepResult
 from pearl.envs.sandbox import CommandResult, Sandbox, SandboxError, SandboxLimits
@@ -146,12 +147,19 @@ class SweEnv:
         score_timeout_s: float = 30.0,
         memory_mb: int = 1024,
         disk_mb: int = 64,
+        remote_latency_s: float = 0.0,
     ) -> None:
         if max_turns < 1 or command_timeout_s <= 0 or observation_chars < 100:
             raise ValueError(
                 "need max_turns >= 1, command_timeout_s > 0 and observation_chars >= 100, got "
                 f"{max_turns}, {command_timeout_s}, {observation_chars}"
             )
+        if not 0 <= remote_latency_s <= 600:
+            raise ValueError(f"remote_latency_s must be 0-600 seconds, got {remote_latency_s}")
+        # Seconds every command (and the scoring) waits before it runs: a remote sandbox's
+        # round trip, injected, for measuring rollout where the environment is slow (0: the
+        # local sandbox only). A wait, not work: it holds no CPU.
+        self.remote_latency_s = remote_latency_s
         self.tier = tier
         self.max_turns = max_turns
         self.observation_chars = observation_chars
@@ -184,11 +192,13 @@ class SweEnv:
             )
             result = None
         else:
+            time.sleep(self.remote_latency_s)
             result = self.sandbox.run(commands[0])
             observation = format_observation(result, self.observation_chars)
         submitted = result is not None and is_submission(result)
         if not submitted and self.turns < self.max_turns:
             return StepResult(observation, 0.0, False, {"stopped": result and result.stopped})
+        time.sleep(self.remote_latency_s)
         reward, self.solved = score_tree(self.sandbox, self.task, self.score_timeout_s)
         self.close()
         return StepResult(

@@ -220,7 +220,15 @@ class TrainRunSection(_Section):
         le=100_000,
         description="RL steps (0: only evaluate model.name on run.eval_tasks held-out tasks)",
     )
-    max_staleness: int = Field(1, ge=0, le=8)
+    max_staleness: int = Field(
+        1, ge=0, le=8, description="steps a rollout's weights may lag (0: synchronous GRPO)"
+    )
+    overlap_batches: bool = Field(
+        False,
+        description="start a rollout batch as soon as its weights are there, while the long "
+        "tail of earlier batches still runs (up to max_staleness + 1 batches in flight); "
+        "false: one rollout batch at a time",
+    )
     seed: int = Field(0, ge=0)
     eval_tasks: int = Field(32, ge=0, le=100_000, description="held-out tasks before and after")
     eval_temperature: float | None = Field(

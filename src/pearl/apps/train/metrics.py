@@ -23,8 +23,11 @@ def roles_in_use(plane) -> str:
     return " + ".join(f"{n} {role}" for role, n in sorted(counts.items())) or "none"
 
 
-def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
-    """One ``metrics.jsonl`` row for a trained step."""
+def step_row(
+    rec, version: int, offset: int, elapsed: float, started: float = 0.0
+) -> dict[str, Any]:
+    """One ``metrics.jsonl`` row for a trained step; ``started``: when the steps began on
+    the pipeline's clock (the rollout's start and end are reported from it)."""
     stats = rec.train_stats
     trajectories = rec.result.trajectories
     rollout_s = rec.rollout_finished - rec.rollout_started
@@ -46,6 +49,8 @@ def step_row(rec, version: int, offset: int, elapsed: float) -> dict[str, Any]:
         "tool_calls": sum(t.tool_calls for t in trajectories),
         "malformed_tool_calls": sum(t.malformed_calls for t in trajectories),
         "rollout_s": rollout_s,
+        "rollout_start_s": rec.rollout_started - started,
+        "rollout_end_s": rec.rollout_finished - started,
         "train_s": rec.train_finished - rec.train_started,
         "rollout_tokens_per_s": rec.rollout_tokens / rollout_s if rollout_s > 0 else 0.0,
         **staleness(rec.tokens_by_version, version - 1),
@@ -89,7 +94,8 @@ def rollout_shapes(rec, iterations: list) -> dict[str, Any]:
     replay it in the simulator (``benchmarks/train_live_vs_sim.py``): per trajectory, per
     turn ``[appended tokens, generated tokens, tokens of it kept, environment seconds]``;
     the tokens every first prompt shares; the engines' iterations (prefill chunks as
-    ``[tokens, cached]``, decode contexts, seconds)."""
+    ``[tokens, cached]``, decode contexts, seconds) since the previous step's rollout
+    ended (with ``run.overlap_batches`` they include the next batch's that ran beside it)."""
     trajectories = rec.result.trajectories
     prompts = [
         t.sample.token_ids[: t.appended_tokens[0]]

@@ -428,6 +428,7 @@ class _LiveRun:
                     PipelineConfig(
                         cfg.run.steps,
                         max_staleness=cfg.run.max_staleness,
+                        overlap_batches=cfg.run.overlap_batches,
                         dynamic_sampling=cfg.rollout.dynamic_sampling,
                         max_extra_rounds=rounds,
                     ),
@@ -547,7 +548,8 @@ class _StepRecorder:
             raise asyncio.CancelledError
         live = self.live
         rec = live.plane.pipeline.records[step]
-        row = step_row(rec, version, self.offset, time.monotonic() - self.started)
+        # The pipeline's clock is the event loop's: time.monotonic() (asyncio's default).
+        row = step_row(rec, version, self.offset, time.monotonic() - self.started, self.started)
         row["roles"] = roles_in_use(live.plane)
         row["borrowed"] = bool(live.plane.toggle and live.plane.toggle.borrowed)
         live.rows.append(row)
