@@ -15,7 +15,7 @@ keys below; each is a whole ``pearl train`` run in this process, one after anoth
 - ``overlap``: staleness 1 and ``run.overlap_batches``: batch i + 1 also starts while the
   tail of batch i still waits on its environment.
 - ``pearl``: PEARL's policy (adaptive PD, gated borrowing of the trainer's slot between
-  updates), staleness 1.
+  updates), staleness 1; ``pearl-overlap``: the same with ``run.overlap_batches``.
 
 Per side, read back from the run folder: seconds per step (the steps' wall, from the first
 rollout's start to the last step's end, over the steps), rollout seconds per step (median),
@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,19 @@ SIDES: dict[str, list[str]] = {
     "async": ["cluster.policy=roll", "run.max_staleness=1"],
     "overlap": ["cluster.policy=roll", "run.max_staleness=1", "run.overlap_batches=true"],
     "pearl": ["cluster.policy=pearl", "run.max_staleness=1"],
+    "pearl-overlap": ["cluster.policy=pearl", "run.max_staleness=1", "run.overlap_batches=true"],
 }
 
 
 def run_side(side: str, runs: Path, overrides: list[str], config: Path) -> dict[str, Any]:
     """One ``pearl train`` run of ``side`` (its folder ``runs/side``), read back."""
-    import ray
-
     from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
 
-    if ray.is_initialized():  # each side starts its own runtime (PEARL's borrows a slot more)
+    # Each side starts its own runtime (PEARL's needs a slot more); ray is not imported
+    # here before PEARL has set up the first one (loopback only).
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
     cfg = load_train_config(
         config, [*SIDES[side], *overrides, f"run.run_dir={runs}", f"run.run_name={side}"]

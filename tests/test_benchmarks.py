@@ -416,14 +416,14 @@ def test_slow_env_runs_every_side_and_reads_back_idle_share_and_step_time(tmp_pa
         assert r["steps"] == 3 and r["engine_busy_s"] > 0 and 0 <= r["idle_share"] < 1
         assert r["step_s"] * 3 == pytest.approx(r["steps_wall_s"])
     assert sides["sync"]["staleness_max"] == 0
-    assert sides["pearl"]["roles"] and sides["pearl"]["borrowed_s"] >= 0
     recorded = {  # each side ran with its own keys
         side: yaml.safe_load((tmp_path / "runs" / side / "config.yaml").read_text())
         for side in sides
     }
-    assert [recorded[s]["run"]["max_staleness"] for s in sides] == [0, 1, 1, 1]
-    assert [recorded[s]["run"]["overlap_batches"] for s in sides] == [False, False, True, False]
-    assert recorded["pearl"]["cluster"]["policy"] == "pearl"
+    assert [recorded[s]["run"]["max_staleness"] for s in sides] == [0, 1, 1, 1, 1]
+    overlap = [recorded[s]["run"]["overlap_batches"] for s in sides]
+    assert overlap == [False, False, True, False, True]
+    assert [recorded[s]["cluster"]["policy"] for s in sides] == ["roll"] * 3 + ["pearl"] * 2
 
 
 def test_borrowed_seconds_pair_each_borrow_with_its_give_back():

@@ -307,6 +307,32 @@ def test_kv_is_labelled_with_the_weights_installed_not_the_last_iterations():
     assert d.num_computed_tokens == 0  # no hit on the old weights' KV
 
 
+def test_prompts_waiting_when_weights_land_share_their_prefix_under_the_new_weights():
+    """An update mid-rollout (``new_weights``): the running sequence's KV (old weights)
+    never enters the cache, but prompts still waiting, holding no KV, compute theirs with
+    the new weights: the first registers the shared prefix and the others attach it (they
+    all prefilled it again before: each update at a batch's start cost a prefix per prompt)."""
+    shared = list(range(1, 13))  # 3 full blocks of 4
+    sched = make_scheduler(num_blocks=64, block_size=4, budget=13, max_seqs=8)
+    submit(sched, "running", shared + [40], max_new=4)
+    out = sched.schedule()  # its whole prompt is computed by the old weights
+    tokens = [fake_next_token(x.token_ids) for x in out.sampling_sequences()]
+    sched.postprocess(out, tokens, [-1.0] * len(tokens), weight_version=0)
+    for rid in ("w1", "w2", "w3"):
+        submit(sched, rid, shared + [40 + int(rid[1]), 50, 51], max_new=2)
+    sched.new_weights(1)
+    cached = {}
+
+    def on_step(out):
+        for chunk in out.prefills:
+            cached.setdefault(chunk.seq.request_id, chunk.start)
+
+    drive(sched, on_step=on_step)
+    assert cached["w1"] == 0  # the first computes the prefix, now with the new weights ...
+    assert cached["w2"] == cached["w3"] == 12  # ... and the others attach it
+    assert "running" not in cached  # (its prompt was computed before the update)
+
+
 def test_sglang_mode_runs_prefill_batches_alone_and_first():
     from pearl.engine.scheduler import SchedulingMode
 

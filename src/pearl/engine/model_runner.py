@@ -96,7 +96,7 @@ class ModelRunner:
             self.last_logits = logits.clone()
         params = [s.sampling for s in samplers]
         positions_sampled = [s.num_tokens for s in samplers]
-        return sample(logits.cpu(), params, positions_sampled, self.generator)
+        return sample(logits, params, positions_sampled, self.generator)
 
     def _prepare(self, out: SchedulerOutput):
         bs = self.block_size

@@ -809,10 +809,14 @@ class Scheduler:
     def invalidate_cached_kv(self) -> None:
         """New weights landed: no later request may attach KV the old ones computed. The
         prefix cache is emptied; in-flight sequences and pinned sessions keep their KV (they
-        continue under the new weights) but never register a block in the cache again."""
+        continue under the new weights) but never register a block in the cache again. A
+        waiting sequence that holds no KV yet stays cacheable: all of its KV, the new
+        weights compute (the batch's first prompts, waiting when an update lands, share
+        their prefix again)."""
         self.blocks.reset_prefix_cache()
         for seq in self._in_flight():
-            seq.cacheable = False
+            if seq.block_table or seq.num_computed_tokens:
+                seq.cacheable = False
         for seq in self.sessions.values():
             seq.cacheable = False
 
