@@ -436,3 +436,18 @@ def test_borrowed_seconds_pair_each_borrow_with_its_give_back():
         {"kind": "refit", "t": 25.0},
     ]
     assert bench.borrowed_seconds(events) == 9.0  # 4 s, then 5 s still borrowed at the end
+
+
+def test_sampler_benchmark_times_both_samplers_on_every_case(tmp_path, monkeypatch):
+    import json
+
+    bench = load("sampler")
+    out = tmp_path / "s.json"
+    argv = ["sampler.py", "--batches", "1", "3", "--pairs", "1", "--calls", "1", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["rows"]) for r in rows] == [
+        (n, case) for n in (1, 3) for case in bench.CASES
+    ]
+    assert all(r["baseline_ms"] > 0 and r["batched_ms"] > 0 and r["speedup"] > 0 for r in rows)

@@ -92,7 +92,7 @@ def sample(
             row_uniform(p.seed, positions[i]) if p.seed is not None else drawn[i]
             for i, p in enumerate(params)
         ]
-        cdf = torch.cumsum(logprobs.exp().to(torch.float64), dim=-1)
+        cdf = torch.cumsum(logprobs.exp(), dim=-1, dtype=torch.float64)  # summed in float64
         total = cdf[:, -1:]
         target = torch.tensor(draws, dtype=torch.float64).to(device, non_blocking=True)
         # u * total, kept below the total so that the token found has probability > 0
