@@ -386,6 +386,7 @@ def test_swe_trace_reads_each_turns_quantities_and_summarizes_them(tmp_path):
     )
 
 
+@pytest.mark.slow  # five `pearl train` runs, ~40 s
 def test_slow_env_runs_every_side_and_reads_back_idle_share_and_step_time(tmp_path, monkeypatch):
     """Every side of benchmarks/slow_env.py (synchronous, asynchronous, overlapping batches,
     PEARL's policy) on the tiny model; the calculator stands in for the SWE tasks, whose
