@@ -1,8 +1,13 @@
 """The engine on a GPU against transformers on the same GPU: logits and a greedy continuation,
-in float32 and in bfloat16, and the engine's decode rate. Run by scripts/gpu_check.sh;
-``--device cpu`` runs the same checks here (the test suite does, on a tiny model).
+in float32 and in bfloat16, and decode tokens/s at batch 1-64 beside transformers'
+``generate`` on the same prompts. Run by scripts/gpu_check.sh; ``--device cpu`` runs the
+same checks here (the test suite does, on a tiny model).
 
     python scripts/gpu_check.py --device cuda --model smollm2-135m --out gpu_check/engine.json
+
+The JSON: ``checks`` (one row per dtype: logits, greedy tokens, ok) and ``decode`` (one row
+per dtype and batch: the engine's and ``generate``'s tokens/s, each the best of two runs
+after a warm-up, prompts of 64 tokens, 64 new tokens each, sampled at temperature 1).
 """
 
 from __future__ import annotations
@@ -76,11 +81,79 @@ def check(model: str, device: str, dtype: str, prompt_len: int = 48) -> dict:
     }
 
 
+def decode_rates(model: str, device: str, dtype: str, batches: list[int], new: int = 64) -> list:
+    """Decode tokens/s of the engine and of ``generate`` at each batch size, same prompts."""
+    import transformers
+
+    dev, dt = torch_device(device), torch_dtype(dtype)
+    folder = resolve_model(model)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dt).to(dev).eval()
+    vocab = theirs.config.vocab_size
+    engine = LLMEngine.from_folder(folder, EngineConfig(device=device, dtype=dtype))
+
+    def timed(fn) -> float:
+        fn()  # warm-up (allocations, kernels)
+        best = float("inf")
+        for _ in range(2):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    rows = []
+    for b in batches:
+        prompts = [[(11 * i + 5 * j + 1) % vocab for j in range(64)] for i in range(b)]
+
+        def ours(prompts=prompts) -> None:
+            engine.generate(
+                [
+                    Request(
+                        f"d{i}-{time.perf_counter_ns()}",
+                        p,
+                        SamplingParams(
+                            temperature=1.0, seed=i, max_new_tokens=new, ignore_eos=True
+                        ),
+                    )
+                    for i, p in enumerate(prompts)
+                ]
+            )
+
+        def hf(prompts=prompts) -> None:
+            with torch.no_grad():
+                theirs.generate(
+                    torch.tensor(prompts, device=dev),
+                    attention_mask=torch.ones(len(prompts), 64, dtype=torch.long, device=dev),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    pad_token_id=0,
+                )
+
+        engine_s, hf_s = timed(ours), timed(hf)
+        rows.append(
+            {
+                "dtype": dtype,
+                "batch": b,
+                "engine_tokens_per_s": b * new / engine_s,
+                "generate_tokens_per_s": b * new / hf_s,
+                "engine_vs_generate": hf_s / engine_s,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--out", default="gpu_check/engine.json")
     args = parser.parse_args()
     rows = [check(args.model, args.device, dtype) for dtype in args.dtypes]
@@ -90,9 +163,19 @@ def main() -> None:
             f"(<= {r['tolerance']}), greedy tokens equal {r['greedy_tokens_equal']}/16, "
             f"decode {r['decode_tokens_per_s']:.0f} tok/s: {'ok' if r['ok'] else 'FAILED'}"
         )
+    decode = [
+        r
+        for dtype in args.dtypes
+        for r in decode_rates(args.model, args.device, dtype, args.batches)
+    ]
+    for r in decode:
+        print(
+            f"decode {r['dtype']} batch {r['batch']}: engine {r['engine_tokens_per_s']:.0f} tok/s, "
+            f"generate {r['generate_tokens_per_s']:.0f} tok/s ({r['engine_vs_generate']:.2f}x)"
+        )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows, indent=2) + "\n")
+    path.write_text(json.dumps({"checks": rows, "decode": decode}, indent=2) + "\n")
     if not all(r["ok"] for r in rows):
         raise SystemExit(1)
 

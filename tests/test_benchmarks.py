@@ -216,11 +216,17 @@ def test_gpu_check_compares_the_engine_with_transformers_on_any_device(tmp_path,
     model = tiny_chat_model(tmp_path / "model")
     out = tmp_path / "engine.json"
     argv = ["gpu_check.py", "--device", "cpu", "--model", str(model), "--out", str(out)]
-    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.setattr("sys.argv", [*argv, "--batches", "1", "3"])
     module.main()
-    rows = json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    rows = result["checks"]
     assert [r["dtype"] for r in rows] == ["float32", "bfloat16"] and all(r["ok"] for r in rows)
     assert rows[0]["max_logit_diff"] < 1e-4 and rows[0]["greedy_tokens_equal"] == 16
+    decode = result["decode"]
+    assert [(r["dtype"], r["batch"]) for r in decode] == [
+        (d, b) for d in ("float32", "bfloat16") for b in (1, 3)
+    ]
+    assert all(r["engine_tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0 for r in decode)
 
 
 def test_sim_scale_measures_each_size_in_its_own_process(tmp_path):
@@ -452,3 +458,21 @@ def test_sampler_benchmark_times_both_samplers_on_every_case(tmp_path, monkeypat
         (n, case) for n in (1, 3) for case in bench.CASES
     ]
     assert all(r["baseline_ms"] > 0 and r["batched_ms"] > 0 and r["speedup"] > 0 for r in rows)
+
+
+def test_gpu_check_script_stops_at_once_where_torch_sees_no_gpu(tmp_path):
+    """scripts/gpu_check.sh on a machine's own Python (offline mode) without a GPU: it says
+    so and stops before anything else runs."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PEARL_GPU_PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "sees no GPU" in done.stdout + done.stderr
+    assert not (tmp_path / "out" / "engine.json").exists()
