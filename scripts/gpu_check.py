@@ -26,6 +26,36 @@ from pearl.models.catalog import resolve_model
 from pearl.models.devices import torch_device, torch_dtype
 
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}  # max |logit difference| against transformers
+# Architectures to build with random weights where no weights can travel (a GPU machine
+# with no network): SmolLM2-135M-Instruct's config.json (HuggingFaceTB, the model card's).
+ARCHITECTURES = {
+    "smollm2-135m": {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    }
+}
+
+
+def random_model(name: str, folder: Path) -> Path:
+    """``name``'s architecture with random weights, saved in ``folder`` (config.json and
+    safetensors, which transformers loads too)."""
+    from pearl.models.config import ModelConfig
+    from pearl.models.loader import build_model, save_model
+
+    if name not in ARCHITECTURES:
+        raise SystemExit(f"--random-model {name!r}: known are {', '.join(ARCHITECTURES)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(build_model(ModelConfig.from_dict(ARCHITECTURES[name]), seed=0), folder)
+    return folder
 
 
 def check(model: str, device: str, dtype: str, prompt_len: int = 48) -> dict:
@@ -153,9 +183,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument(
+        "--random-model",
+        default=None,
+        help=f"instead of --model, an architecture with random weights built here "
+        f"({', '.join(ARCHITECTURES)}), for a machine no weights can reach",
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--out", default="gpu_check/engine.json")
     args = parser.parse_args()
+    if args.random_model:
+        folder = Path(args.out).parent / f"random-{args.random_model}"
+        args.model = str(random_model(args.random_model, folder))
     rows = [check(args.model, args.device, dtype) for dtype in args.dtypes]
     for r in rows:
         print(

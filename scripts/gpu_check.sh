@@ -27,6 +27,12 @@ if [ -n "${PEARL_GPU_PYTHON:-}" ]; then
   export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
   PEARL=("$PY" -m pearl.cli)
   VLLM_PY="$PY"
+  # No weights reach an offline machine: SmolLM2-135M's architecture with random weights
+  # for the engine checks, the tests' tiny chat model (its tokenizer built here) for training.
+  ENGINE_MODEL=(--random-model smollm2-135m)
+  "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests'); from pathlib import Path; \
+from tiny_model import tiny_chat_model; tiny_chat_model(Path('$OUT/tiny-chat'))" || exit 1
+  TRAIN_MODEL=("model.name=$OUT/tiny-chat")
 else
   export PEARL_VENV="${PEARL_GPU_VENV:-$ROOT/.venv-gpu}"
   export PEARL_TORCH_SPEC="${PEARL_TORCH_SPEC:-torch==2.13.0}"
@@ -34,6 +40,8 @@ else
   PY="$PEARL_VENV/bin/python"
   PEARL=("$PEARL_VENV/bin/pearl")
   VLLM_PY=""
+  ENGINE_MODEL=(--model smollm2-135m)
+  TRAIN_MODEL=()
 fi
 FAILED=()
 step() { # step NAME COMMAND...: run it, remember a failure, go on
@@ -58,13 +66,13 @@ PY
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 
 step "2. the engine against transformers" \
-  "$PY" "$ROOT/scripts/gpu_check.py" --device cuda --out "$OUT/engine.json"
+  "$PY" "$ROOT/scripts/gpu_check.py" --device cuda "${ENGINE_MODEL[@]}" --out "$OUT/engine.json"
 step "3. the batched sampler" \
   "$PY" "$ROOT/benchmarks/sampler.py" --device cuda --out "$OUT/sampler.json"
 step "4. the cost model against kernels" \
   "$PY" "$ROOT/scripts/gpu_costmodel.py" --out "$OUT/gpu_costmodel.json"
 
-TRAIN=(rollout.device=cuda rollout.dtype=bfloat16 trainer.device=cuda trainer.dtype=bfloat16
+TRAIN=("${TRAIN_MODEL[@]}" rollout.device=cuda rollout.dtype=bfloat16 trainer.device=cuda trainer.dtype=bfloat16
   run.steps=3 run.eval_tasks=16 "run.run_dir=$OUT")
 if has ray && has pydantic; then
   step "5. pearl train on the GPU, bfloat16 (3 steps)" "${PEARL[@]}" train "${TRAIN[@]}" \

@@ -476,3 +476,25 @@ def test_gpu_check_script_stops_at_once_where_torch_sees_no_gpu(tmp_path):
     )
     assert done.returncode != 0 and "sees no GPU" in done.stdout + done.stderr
     assert not (tmp_path / "out" / "engine.json").exists()
+
+
+def test_gpu_check_builds_a_random_model_of_a_named_architecture(tmp_path, monkeypatch):
+    """``--random-model``: where no weights can travel, the architecture is built here with
+    random weights (a tiny one stands in for SmolLM2's 30 layers) and checked the same way."""
+    import json
+
+    from tiny_model import CHAT_LLAMA
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.ARCHITECTURES["smollm2-135m"]["num_hidden_layers"] == 30
+    monkeypatch.setitem(module.ARCHITECTURES, "tiny", CHAT_LLAMA)
+    out = tmp_path / "engine.json"
+    argv = ["gpu_check.py", "--device", "cpu", "--random-model", "tiny", "--dtypes", "float32"]
+    monkeypatch.setattr("sys.argv", [*argv, "--batches", "2", "--out", str(out)])
+    module.main()
+    (check,) = json.loads(out.read_text())["checks"]
+    assert check["ok"] and (tmp_path / "random-tiny" / "config.json").is_file()
+    with pytest.raises(SystemExit, match="known are"):
+        module.random_model("nope", tmp_path / "x")
