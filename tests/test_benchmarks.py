@@ -498,3 +498,26 @@ def test_gpu_check_builds_a_random_model_of_a_named_architecture(tmp_path, monke
     assert check["ok"] and (tmp_path / "random-tiny" / "config.json").is_file()
     with pytest.raises(SystemExit, match="known are"):
         module.random_model("nope", tmp_path / "x")
+
+
+def test_engine_vs_vllm_times_our_engine_in_a_pinned_process_of_its_own(tmp_path, monkeypatch):
+    """benchmarks/engine_vs_vllm.py's side of our engine (vLLM's side runs with the vLLM
+    suite, tests/live/test_vllm_backend.py): whole generate and decode rates per case, and
+    the decode step's profile."""
+    import json
+
+    from tiny_model import tiny_chat_model
+
+    model = tiny_chat_model(tmp_path / "model")
+    bench = load("engine_vs_vllm")
+    out = tmp_path / "e.json"
+    argv = ["engine_vs_vllm.py", "--model", str(model), "--sides", "pearl", "--profile"]
+    argv += ["--cases", "2,8,4", "4,16,3", "--repeats", "1", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    rows = json.loads(out.read_text())["pearl"]
+    cases = [r for r in rows if "batch" in r]
+    assert [(r["batch"], r["prompt"], r["new"]) for r in cases] == [(2, 8, 4), (4, 16, 3)]
+    assert all(r["tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0 for r in cases)
+    (profile,) = [r["profile"] for r in rows if "profile" in r]
+    assert profile[0]["what"] == "wall per step (ms)" and len(profile) > 3
