@@ -19,10 +19,11 @@ def test_every_policy_is_accepted_on_the_vllm_backend():
     from pearl.apps.train.config import load_train_config
     from pearl.control.policies import POLICIES
 
-    for policy in POLICIES:
-        load_train_config(
+    for policy in POLICIES:  # a refusal raises ConfigError
+        cfg = load_train_config(
             None, ["rollout.backend=vllm", "rollout.workers=2", f"cluster.policy={policy}"]
         )
+        assert (cfg.rollout.backend, cfg.cluster.policy) == ("vllm", policy)
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
@@ -129,6 +130,28 @@ def smollm2():
     from pearl.models.catalog import resolve_model
 
     return str(resolve_model("smollm2-135m"))
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
+def test_engine_vs_vllm_times_vllm_on_the_same_prompts(smollm2, tmp_path, monkeypatch):
+    """benchmarks/engine_vs_vllm.py's vLLM side (ours runs in the fast suite), one small
+    case, in its own pinned process: vLLM generated exactly the tokens asked for."""
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_vs_vllm.py"
+    spec = importlib.util.spec_from_file_location("engine_vs_vllm", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "e.json"
+    argv = ["engine_vs_vllm.py", "--model", smollm2, "--sides", "vllm", "--cases", "2,16,4"]
+    argv += ["--repeats", "1", "--vllm-python", sys.executable, "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    (row,) = json.loads(out.read_text())["vllm"]
+    assert (row["batch"], row["prompt"], row["new"]) == (2, 16, 4)
+    assert row["tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (bash scripts/vllm_env.sh)")
