@@ -5,6 +5,7 @@ metrics, checkpoints and resume."""
 import asyncio
 import errno
 import json
+import math
 import os
 import shlex
 import signal
@@ -757,6 +758,11 @@ def test_top_p_and_top_k_sample_rollouts_and_score_them_in_the_trainer(
     (row,) = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert row["scored_tokens"] > 0
     assert row["mean_ratio"] == pytest.approx(1.0, abs=1e-4)
+    # The ratio is 1 also if neither side truncates; the trainer's entropy is of the
+    # distribution it scored: at most ln 40 when top-k 40 reached it (a random model's full
+    # softmax over 300 tokens is near ln 300 = 5.7), and a ratio of 1 says the engines
+    # sampled from the same one.
+    assert row["entropy"] <= math.log(40) + 1e-4
 
 
 def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(
