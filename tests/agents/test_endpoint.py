@@ -292,10 +292,13 @@ def test_an_ended_episodes_url_is_refused(chat):
     results = []
 
     async def after(router, pool):
+        deadline = asyncio.get_running_loop().time() + 60  # bounded: a hang fails, not stalls
         while not hasattr(leaks_its_url, "config"):
+            assert asyncio.get_running_loop().time() < deadline, "the agent never started"
             await asyncio.sleep(0.01)
         c = leaks_its_url.config
         while True:  # once the episode has ended
+            assert asyncio.get_running_loop().time() < deadline, "the URL was never refused"
             async with httpx.AsyncClient() as http:
                 r = await http.post(
                     c.base_url + "/chat/completions", json={"model": c.model, "messages": USER}
