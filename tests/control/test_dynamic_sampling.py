@@ -6,7 +6,12 @@ from flat_cost import FlatCost
 
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.dynamic_sampling import informative_groups, next_round_tasks
-from pearl.control.episode import EpisodeBatch, run_episode_batch
+from pearl.control.episode import (
+    STOP_ENV_ERROR,
+    EpisodeAborted,
+    EpisodeBatch,
+    run_episode_batch,
+)
 from pearl.control.interfaces import AsyncioClock, TrainMetrics
 from pearl.control.pipeline import PipelineConfig, PipelineScheduler, WeightSync
 from pearl.control.router import Router
@@ -32,6 +37,16 @@ class Task:
     @property
     def success(self):
         return self.reward == 1.0
+
+
+class FailingTask(Task):
+    """A member whose environment fails at its first answer."""
+
+    def __init__(self, group):
+        super().__init__(group, 1.0)
+
+    async def respond(self, reply):
+        raise EpisodeAborted(STOP_ENV_ERROR, "the environment raised")
 
 
 def batch(name, tasks, informative):
@@ -145,11 +160,17 @@ def test_informative_groups_ignore_environment_failures_and_round_sizes_follow_t
         router = Router()
         router.set_topology(colocated=[worker])
         b = batch("g", range(3), lambda t: t != 1)
+        # Group g1 ties (reward 1 each) but its first member's environment fails: reward 0,
+        # which would make the group look informative if failures counted.
+        episodes = [(sid, FailingTask("g1") if sid == "g1/0" else e) for sid, e in b.episodes]
+        b = EpisodeBatch(episodes, 4, 1000)
         out = await run_episode_batch(b, router, AsyncioClock(), AgentLoopConfig(vocab_size=50))
         worker.close()
         return out.trajectories
 
     trajectories = run_virtual(main)[0]
+    failed = [s for t in trajectories for s in t.samples if s.stop_reason == STOP_ENV_ERROR]
+    assert [(s.group, s.reward) for s in failed] == [("g1", 0.0)]  # the failure happened
     assert informative_groups(trajectories) == ["g0", "g2"]
     assert next_round_tasks(2, 4, 6, 6) == 3
     assert next_round_tasks(1, 1, 8, 8) == 8  # capped
