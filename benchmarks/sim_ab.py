@@ -150,11 +150,20 @@ def main(argv: list[str] | None = None) -> None:
     for side, env in envs.items():
         added = {k: v for k, v in env.items() if os.environ.get(k) != v}
         print(f"{side}'s runs' environment: {added or 'unchanged'}")
-    digests = {r["digest"] for rs in runs.values() for r in rs}
-    if len(digests) != 1:
-        print(f"DIGESTS DIFFER: {sorted(digests)}")
+    same, message = digest_verdict(runs)
+    print(message)
+    if not same:
         sys.exit(1)
-    print(f"digest {digests.pop()} on every run")
+
+
+def digest_verdict(runs: dict[str, list[dict]]) -> tuple[bool, str]:
+    """Whether every run of both sides gave one digest, and the line that says so (or
+    which digests each side gave)."""
+    digests = {r["digest"] for rs in runs.values() for r in rs}
+    if len(digests) == 1:
+        return True, f"digest {digests.pop()} on every run"
+    by_side = {side: sorted({r["digest"] for r in rs}) for side, rs in runs.items()}
+    return False, f"DIGESTS DIFFER: {by_side}"
 
 
 if __name__ == "__main__":

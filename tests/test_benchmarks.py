@@ -295,6 +295,13 @@ def test_sim_ab_alternates_a_revision_with_the_tree_and_compares_digests(capsys)
     assert "2 workers, 1 pairs" in out and "on every run" in out
     assert "base's runs' environment: " in out and "new's runs' environment: " in out
     assert [line.split()[0] for line in out.splitlines()[:2]] == ["base", "new"]
+    # the verdict when a side's runs give another digest (a change that moved results)
+    runs = {"base": [{"digest": "a"}, {"digest": "a"}], "new": [{"digest": "b"}, {"digest": "a"}]}
+    assert bench.digest_verdict(runs) == (
+        False,
+        "DIGESTS DIFFER: {'base': ['a'], 'new': ['a', 'b']}",
+    )
+    assert bench.digest_verdict({"base": [{"digest": "a"}], "new": [{"digest": "a"}]})[0]
 
 
 def test_c7_reuse_arithmetic_prices_both_readings_on_the_simulated_trajectories(
