@@ -461,7 +461,7 @@ def test_a_module_mypyc_rejects_fails_the_build_with_its_message(tmp_path):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
 
 
-def test_the_compiled_modules_give_the_golden_digests():
+def test_the_compiled_modules_give_the_golden_digests(tmp_path):
     """Built here (once per source version; scripts/env.sh builds it ahead), loaded by a
     process started with PEARL_NATIVE=1 (and CPython's arenas on huge pages, as
     simulation processes start), and the golden runs' records are bit for bit the Python
@@ -472,26 +472,50 @@ def test_the_compiled_modules_give_the_golden_digests():
     run = _python(CHECK, PEARL_NATIVE="1")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str([True] * len(native.MODULES))
+    # A plugin that says, in the golden runs' own process, what ran them: which modules
+    # were the compiled ones and whether the arena allocator's library was loaded.
+    plugin = tmp_path / "what_ran.py"
+    plugin.write_text(
+        "import sys\n"
+        "def pytest_sessionfinish(session):\n"
+        "    from pearl import native\n"
+        "    maps = open('/proc/self/maps').read()\n"
+        "    compiled = [native.compiled(m) for m in native.MODULES]\n"
+        "    arenas = native.ARENAS_LIBRARY in maps\n"
+        "    print(f'WHAT RAN: compiled={compiled} arenas={arenas}')\n"
+    )
     golden = subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
             "-v",
+            "-s",
             "-p",
             "no:cacheprovider",
+            "-p",
+            "what_ran",
             str(ROOT / "tests" / "apps" / "test_golden.py"),
             "-k",
             "recorded_numbers",
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "PEARL_NATIVE": "1", native.ARENAS_ENV: "1"},
+        env={
+            **os.environ,
+            "PEARL_NATIVE": "1",
+            native.ARENAS_ENV: "1",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])
+            ),
+        },
         cwd=ROOT,
         timeout=900,
     )
     assert golden.returncode == 0, golden.stdout[-3000:]
     assert "2 passed" in golden.stdout, golden.stdout[-3000:]
+    expected = f"WHAT RAN: compiled={[True] * len(native.MODULES)} arenas=True"
+    assert expected in golden.stdout, golden.stdout[-3000:]
 
 
 _HUGE_MB = """
