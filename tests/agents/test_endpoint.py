@@ -331,14 +331,17 @@ def test_a_turn_cut_by_a_topology_change_reaches_the_agent_as_one_answer(chat):
     """A worker leaves mid-turn (preemption): the router resumes the turn elsewhere and the
     agent sees one answer, with the ids it was sampled in."""
 
+    cut = []
+
     async def preempt(router, pool):
         a, b = pool
         while not a.scheduler.running:
             await asyncio.sleep(0.001)
         router.set_topology(colocated=[b])
-        await a.abort_all()
+        cut.extend(await a.abort_all())
 
     (t,), _, events = run_agents(chat, two_turns, during=preempt, workers=2)
+    assert cut, "no turn was in flight on the leaving worker: nothing was cut"
     assert events == [] and t.stop_reason == "done"
     (p1, r1), (p2, r2) = two_turns.seen[0]
     assert [o.token_ids for o in t.turns] == [r1, r2]
