@@ -903,32 +903,52 @@ def test_an_unmodified_sdk_agent_trains_through_the_endpoint(chat_model, tmp_pat
 
 
 def test_dynamic_sampling_trains_on_informative_groups_in_a_live_run(
-    chat_model, tmp_path, ray_runtime
+    chat_model, tmp_path, ray_runtime, monkeypatch
 ):
     """``rollout.dynamic_sampling`` on live workers: each step's record says how many groups
     were rolled out, tied and trained on; the trainer's batch holds only groups whose
-    rewards differ (a random tiny model ties every group: the rounds run to their bound)."""
+    rewards differ. The reward is the reply's length's parity, so pairs tie about half the
+    time: steps train on the groups that differ and roll out extra rounds for the rest."""
     from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
 
+    (tmp_path / "parity_env2.py").write_text(
+        "from pearl.envs.base import StepResult\n\n"
+        "class Parity:\n"
+        "    system_prompt = 'Reply.'\n"
+        "    success = False\n\n"
+        "    async def reset(self, seed):\n"
+        "        return 'Say something.'\n\n"
+        "    async def step(self, action):\n"
+        "        return StepResult('', float(len(action) % 2), True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     overrides = [
         f"model.name={chat_model}",
+        "env.name=parity_env2:Parity",
         "rollout.dynamic_sampling=true",
         "rollout.max_extra_rounds=1",
         "rollout.tasks_per_step=2",
         "rollout.group_size=2",
         "rollout.max_new_tokens=4",
-        "run.steps=2",
+        "run.steps=3",
         "run.eval_tasks=0",
         f"run.run_dir={tmp_path}",
         "run.run_name=dyn",
     ]
     out = TrainRun(load_train_config(None, overrides), log=lambda _: None).run()
-    assert out["steps"] == 2
+    assert out["steps"] == 3
     rows = [json.loads(x) for x in (tmp_path / "dyn" / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         rolled, tied = row["groups_rolled_out"], row["groups_tied"]
         assert row["groups_trained"] == min(2, rolled - tied)
-        assert row["extra_rounds"] == (0 if rolled - tied >= 2 else 1)  # bounded at 1
-        assert rolled == 2 + 2 * row["extra_rounds"]  # 2 missing of 2: a round of 2 tasks
+        assert row["extra_rounds"] in (0, 1)  # bounded at 1
+        if row["groups_trained"] < 2:  # short: the extra round ran, and the bound ended it
+            assert row["extra_rounds"] == 1
+        if row["extra_rounds"] == 0:  # the first round's 2 groups were enough
+            assert rolled == 2 and tied == 0
         assert row["trajectories"] == 2 * rolled  # every trajectory rolled out is counted
+        # only informative groups reach the trainer, and their tokens are scored
+        assert (row["scored_tokens"] > 0) == (row["groups_trained"] > 0)
+    assert sum(r["groups_trained"] for r in rows) > 0  # informative groups were found ...
+    assert sum(r["groups_tied"] for r in rows) > 0  # ... and tied ones left out

@@ -110,7 +110,8 @@ def test_a_lora_checkpoint_holds_a_merged_model_and_peft_adapters_and_resumes(tm
     # The loss is taken before the update; the update itself needs AdamW's moments: the
     # weights after the step (their scores) match only if the moments were restored too.
     got, want = resumed.score(samples), trainer.score(samples)
-    assert max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w)) < 1e-5
+    pairs = zip(got, want, strict=True)
+    assert max(abs(a - b) for g, w in pairs for a, b in zip(g, w, strict=True)) < 1e-5
     # a full fine-tuning checkpoint is not a LoRA one
     full = GRPOTrainer(spec, TrainerConfig())
     full.save(tmp_path / "full")
