@@ -445,7 +445,11 @@ def test_shipped_train_config_validates(monkeypatch):
             AgentOptions.parse(cfg.env.options).load()
             continue
         env = make_env(cfg.env.name, **cfg.env.options)
-        assert asyncio.run(env.reset(0))
+        first = env.reset(0)  # environments may be async or plain (the runtime takes both)
+        assert asyncio.run(first) if asyncio.iscoroutine(first) else first
+        closed = env.close() if hasattr(env, "close") else None  # (a sandbox, a session)
+        if asyncio.iscoroutine(closed):
+            asyncio.run(closed)
     variant = load_train_config(root / "configs" / "train_rgym_drgrpo.yaml").trainer
     assert (variant.loss_agg_mode, variant.scale_rewards) == ("seq-mean-token-sum-norm", "none")
 
