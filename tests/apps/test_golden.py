@@ -39,6 +39,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 AVAILABILITY = "time_s,available\n0,4\n400,12\n1000,2\n1500,8\n"
 
 RL_DIGEST = "7f8568400493d9ed"  # issue 60: the paper regime refitted (was 013b34d4a27da0e8)
+# Every policy, in two processes (recorded 2026-12-07; one process gives the same).
+ALL_POLICIES_DIGEST = "b1f65605e4ebdaf2"
 ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
 
 
@@ -86,6 +88,31 @@ def test_a_short_paper_regime_rl_run_gives_the_recorded_numbers(tmp_path):
     )
     outcome = run_experiment(cfg, log=lambda line: None)
     assert digest(Path(outcome.run_dir), str(trace)) == RL_DIGEST
+
+
+def test_every_policy_in_worker_processes_gives_the_recorded_numbers(tmp_path):
+    """All seven policies (pools, PD modes, borrowing, ROLL's abort-and-restart) through
+    the process pool that `pearl simulate` runs them in, under the same trace."""
+    from pearl.control.policies import POLICIES
+
+    trace = tmp_path / "avail.csv"
+    trace.write_text(AVAILABILITY)
+    cfg = load_simulate_config(
+        CONFIGS / "headline_paper.yaml",
+        [
+            f"policies=[{','.join(POLICIES)}]",
+            f"elastic.segments=[{trace}]",
+            "rl.duration_s=900",
+            "processes=2",
+            "workload.num_tasks=2",
+            "workload.group_size=4",
+            f"logger.run_dir={tmp_path / 'runs'}",
+            "logger.run_name=all",
+        ],
+    )
+    assert len(POLICIES) == 7
+    outcome = run_experiment(cfg, log=lambda line: None)
+    assert digest(Path(outcome.run_dir), str(trace)) == ALL_POLICIES_DIGEST
 
 
 def test_a_rollout_batch_on_fixed_deployments_gives_the_recorded_numbers(tmp_path):
