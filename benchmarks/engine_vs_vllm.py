@@ -158,7 +158,7 @@ def measure(run, ids, batch: int, length: int, new: int, repeats: int) -> dict:
     run(ids, new)  # warm-up
     whole = [run(ids, new) for _ in range(repeats)]
     first = [run(ids, 1) for _ in range(repeats)]
-    decode_s = max(1e-9, statistics.median(whole) - statistics.median(first))
+    decode_s = statistics.median(whole) - statistics.median(first)
     return {
         "batch": batch,
         "prompt": length,
@@ -166,8 +166,13 @@ def measure(run, ids, batch: int, length: int, new: int, repeats: int) -> dict:
         "seconds": statistics.median(whole),
         "prefill_seconds": statistics.median(first),
         "tokens_per_s": batch * new / statistics.median(whole),
-        "decode_tokens_per_s": batch * (new - 1) / decode_s,
+        # None where the noise of a busy machine exceeds the decode's share of the time
+        "decode_tokens_per_s": batch * (new - 1) / decode_s if decode_s > 0 else None,
     }
+
+
+def rate(tokens_per_s: float | None) -> str:
+    return "-" if tokens_per_s is None else f"{tokens_per_s:.0f}"
 
 
 def side_process(python: str, side: str, args) -> list[dict]:
@@ -226,15 +231,17 @@ def main() -> None:
     for k, r in enumerate(cases):
         name = f"B{r['batch']} P{r['prompt']} N{r['new']}"
         if len(args.sides) == 2:
-            v = results["vllm"][k]
-            o = results["pearl"][k]
+            o, v = results["pearl"][k], results["vllm"][k]
+            od, vd = o["decode_tokens_per_s"], v["decode_tokens_per_s"]
+            ratio = f"{od / vd:.2f}x" if od and vd else "-"
             print(
                 f"| {name} | {o['tokens_per_s']:.0f} | {v['tokens_per_s']:.0f} | "
-                f"{o['tokens_per_s'] / v['tokens_per_s']:.2f}x | {o['decode_tokens_per_s']:.0f} | "
-                f"{v['decode_tokens_per_s']:.0f} | {o['decode_tokens_per_s'] / v['decode_tokens_per_s']:.2f}x |"
+                f"{o['tokens_per_s'] / v['tokens_per_s']:.2f}x | {rate(od)} | {rate(vd)} | {ratio} |"
             )
         else:
-            print(f"| {name} | {r['tokens_per_s']:.0f} | | | {r['decode_tokens_per_s']:.0f} | | |")
+            print(
+                f"| {name} | {r['tokens_per_s']:.0f} | | | {rate(r['decode_tokens_per_s'])} | | |"
+            )
     for r in results.get("pearl", []):
         if "profile" in r:
             print("\nour decode step (B32 P128 N64, else the first case):")
