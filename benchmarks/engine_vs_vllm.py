@@ -86,7 +86,6 @@ def pearl_side(folder: str, cases, repeats: int, profile: bool) -> list[dict]:
 def profile_decode(engine, ids, new: int) -> list[dict]:
     """Where a decode step's time goes in our engine: torch's operators (self time) and the
     Python around them, over the ``new - 1`` decode steps of ``ids``."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from pearl.engine.sequence import Request, SamplingParams
@@ -116,7 +115,6 @@ def profile_decode(engine, ids, new: int) -> list[dict]:
     for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]:
         rows.append({"what": e.key, "ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count})
     engine.scheduler.flush_prefix_cache()
-    torch.set_num_threads(1)
     return rows
 
 

@@ -724,15 +724,9 @@ def test_an_installed_environment_package_trains_by_its_entry_point_name(chat_mo
     assert logged["eval_after/success_rate"] == summary["after"]["success_rate"]
 
 
-def test_top_p_and_top_k_sample_rollouts_and_score_them_in_the_trainer(
-    chat_model, tmp_path, ray_runtime, monkeypatch
-):
-    """``rollout.top_p`` / ``rollout.top_k`` reach the engines and the trainer: step 0 trains
-    the weights that sampled, under the same truncated distribution, so its mean ratio is 1
-    (an environment whose reward varies within a group, so tokens are scored)."""
-    from pearl.apps.train.config import load_train_config
-    from pearl.apps.train.run import TrainRun
-
+def parity_env(tmp_path, monkeypatch) -> None:
+    """``env.name=parity_env:Parity``: one reply, reward its length's parity (so rewards
+    differ within a group about half the time), importable from ``tmp_path``."""
     (tmp_path / "parity_env.py").write_text(
         "from pearl.envs.base import StepResult\n\n"
         "class Parity:\n"
@@ -744,6 +738,18 @@ def test_top_p_and_top_k_sample_rollouts_and_score_them_in_the_trainer(
         "        return StepResult('', float(len(action) % 2), True)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_top_p_and_top_k_sample_rollouts_and_score_them_in_the_trainer(
+    chat_model, tmp_path, ray_runtime, monkeypatch
+):
+    """``rollout.top_p`` / ``rollout.top_k`` reach the engines and the trainer: step 0 trains
+    the weights that sampled, under the same truncated distribution, so its mean ratio is 1
+    (an environment whose reward varies within a group, so tokens are scored)."""
+    from pearl.apps.train.config import load_train_config
+    from pearl.apps.train.run import TrainRun
+
+    parity_env(tmp_path, monkeypatch)
     overrides = [
         f"model.name={chat_model}",
         "env.name=parity_env:Parity",
@@ -916,20 +922,10 @@ def test_dynamic_sampling_trains_on_informative_groups_in_a_live_run(
     from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
 
-    (tmp_path / "parity_env2.py").write_text(
-        "from pearl.envs.base import StepResult\n\n"
-        "class Parity:\n"
-        "    system_prompt = 'Reply.'\n"
-        "    success = False\n\n"
-        "    async def reset(self, seed):\n"
-        "        return 'Say something.'\n\n"
-        "    async def step(self, action):\n"
-        "        return StepResult('', float(len(action) % 2), True)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    parity_env(tmp_path, monkeypatch)
     overrides = [
         f"model.name={chat_model}",
-        "env.name=parity_env2:Parity",
+        "env.name=parity_env:Parity",
         "rollout.dynamic_sampling=true",
         "rollout.max_extra_rounds=1",
         "rollout.tasks_per_step=2",

@@ -42,9 +42,9 @@ MAX_NEW_TOKENS_LIMIT = 1 << 20
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` is greedy; ``top_k == 0`` disables top-k.
 
-    With ``seed`` set, the token at position p is drawn from a generator seeded by
-    ``(seed, p)``, so the result does not depend on batching or on which engine
-    (prefill or decode worker) samples it.
+    With ``seed`` set, the token at position p is drawn with a uniform hashed from
+    ``(seed, p)`` (``pearl.engine.sampler.row_uniform``), so the result does not depend on
+    batching or on which engine (prefill or decode worker) samples it.
     """
 
     temperature: float = 1.0
