@@ -84,7 +84,7 @@ def test_a_tiny_grid_prints_the_frontier_and_a_recommendation_and_resumes(tmp_pa
     "model", [[], ["model.name=Qwen3-30B-A3B", "plan.tp=[2,4]"]], ids=["8B", "30B-A3B"]
 )
 def test_the_readme_plan_config_runs_for_both_models(tmp_path, model):
-    """configs/plan_paper.yaml as the README runs it (Qwen3-8B at TP 1 and 2; Qwen3-30B-A3B
+    """configs/plan_paper.yaml as docs/plan.md runs it (Qwen3-8B at TP 1 and 2; Qwen3-30B-A3B
     at TP 2 and 4), every policy it names, on a tiny workload, its smallest and largest
     reserved pools."""
     args = plan_args(

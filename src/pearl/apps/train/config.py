@@ -37,8 +37,9 @@ class TrainEnvSection(_Section):
 class TrainRolloutSection(_Section):
     backend: Literal["pearl", "vllm"] = Field(
         "pearl",
-        description="the rollout engine: pearl (ours: every policy) or vllm (colocated "
-        "policies without borrowing; run from the venv scripts/vllm_env.sh makes)",
+        description="the rollout engine: pearl (ours) or vllm (vLLM's engine behind PEARL's "
+        "KV connector and sleep/wake; every policy runs on both; run vllm from the venv "
+        "scripts/vllm_env.sh makes)",
     )
     workers: int = Field(1, ge=1, le=16, description="colocated rollout workers (processes)")
     tasks_per_step: int = Field(8, ge=1, le=1024)
