@@ -32,6 +32,10 @@ class EngineConfig:
     # update_weights flush_cache=True): continuing sessions re-prefill. The prefix cache is
     # emptied on every update either way (no request starts from the old weights' KV).
     flush_cache_on_weight_update: bool = False
+    # On the CPU, multiply through oneDNN with each weight reordered once for its GEMM
+    # kernel (``pearl.models.layers.Linear``): faster decode, the linear weights' memory
+    # twice. Ignored on other devices.
+    prepack_weights: bool = True
 
     def scheduler_config(
         self, max_model_len: int, role: Role, eos_token_ids: tuple[int, ...] = ()

@@ -23,6 +23,7 @@ from pearl.errors import EngineStateError, KVTransferError, RequestError
 from pearl.models.config import ModelConfig
 from pearl.models.decoder import DecoderForCausalLM
 from pearl.models.devices import torch_device, torch_dtype
+from pearl.models.layers import Linear, prepack
 from pearl.models.loader import build_model, load_model, load_state_dict
 
 
@@ -106,8 +107,11 @@ class LLMEngine:
             self.blocks,
         )
         self.scheduler.weight_version = weight_version
+        model = model.to(self.device, self.dtype)
+        if config.prepack_weights and self.device.type == "cpu":
+            prepack(model)
         self.runner = ModelRunner(
-            model.to(self.device, self.dtype),
+            model,
             config.num_kv_blocks,
             config.block_size,
             self.device,
@@ -364,6 +368,9 @@ class LLMEngine:
             self._host_weights = None
         for p in params.values():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        for module in self.model.modules():
+            if isinstance(module, Linear):
+                module.drop_packed()  # rebuilt from the restored weights after wake
         self._asleep = True
 
     def wake(self) -> None:

@@ -96,12 +96,17 @@ def apply_lora(model: nn.Module, config: LoRAConfig, seed: int = 0) -> list[str]
     adapted = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if child_name in config.target_modules and type(child) is nn.Linear:
+            if child_name in config.target_modules and _plain_linear(child):
                 setattr(module, child_name, LoRALinear.wrap(child, config, generator))
                 adapted.append(f"{name}.{child_name}" if name else child_name)
     if not adapted:
         raise ValueError(f"LoRA: no module named {config.target_modules} in the model")
     return adapted
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """A linear layer without an adapter yet (the models' ``Linear`` is an ``nn.Linear``)."""
+    return isinstance(module, nn.Linear) and not isinstance(module, LoRALinear)
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:

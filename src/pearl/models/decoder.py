@@ -13,7 +13,7 @@ from torch import nn
 
 from pearl.models.attention import AttentionMetadata, paged_attention
 from pearl.models.config import ModelConfig
-from pearl.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from pearl.models.layers import Linear, RMSNorm, RotaryEmbedding, SwiGLU
 
 
 class Attention(nn.Module):
@@ -29,10 +29,10 @@ class Attention(nn.Module):
             self.num_heads * self.head_dim,
             self.num_kv_heads * self.head_dim,
         )
-        self.q_proj = nn.Linear(h, q, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, kv, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q, h, bias=cfg.attention_bias)  # HF Llama/Qwen3: o_proj too
+        self.q_proj = Linear(h, q, bias=cfg.attention_bias)
+        self.k_proj = Linear(h, kv, bias=cfg.attention_bias)
+        self.v_proj = Linear(h, kv, bias=cfg.attention_bias)
+        self.o_proj = Linear(q, h, bias=cfg.attention_bias)  # HF Llama/Qwen3: o_proj too
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -135,7 +135,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = DecoderBody(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(

@@ -1,4 +1,5 @@
-"""Building blocks shared by the decoder models: RMSNorm, rotary embedding, SwiGLU MLP."""
+"""Building blocks shared by the decoder models: linear layers, RMSNorm, rotary embedding,
+SwiGLU MLP."""
 
 from __future__ import annotations
 
@@ -6,7 +7,62 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same names) that an inference engine on the CPU can
+    switch to oneDNN's GEMM with its weight reordered once into the kernel's blocked layout
+    (``prepack``), as vLLM's CPU build and torch.compile's CPU freezing do: 1.2-2.5x faster
+    per multiplication at decode batch sizes than the plain ``F.linear`` (MKL) on
+    SmolLM2-135M's shapes (``benchmarks/engine_vs_vllm.py``). The reordered copy costs the
+    weight's memory again. It is redone lazily whenever the weight changed since (an
+    in-place update bumps the tensor's version; a new ``.data`` moves its pointer), so new
+    weights are never served stale; under autograd, on another device or dtype, the
+    layer is a plain ``nn.Linear``."""
+
+    prepacked: bool = False  # set by ``prepack``; the trainer's models never are
+    _packed: tuple[torch.Tensor, int, int] | None = None  # (reordered weight, version, ptr)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if not self.prepacked or w.requires_grad and torch.is_grad_enabled():
+            return F.linear(x, w, self.bias)
+        if not (w.device.type == "cpu" and w.dtype in _PACKABLE_DTYPES and x.dtype == w.dtype):
+            return F.linear(x, w, self.bias)
+        packed = self._packed
+        if packed is None or packed[1] != w._version or packed[2] != w.data_ptr():
+            reordered = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_BATCH_HINT)
+            packed = self._packed = (reordered, w._version, w.data_ptr())
+        return torch.ops.mkldnn._linear_pointwise(x, packed[0], self.bias, "none", [], "")
+
+    def drop_packed(self) -> None:
+        """Free the reordered copy (an engine going to sleep); rebuilt at the next call."""
+        self._packed = None
+
+
+# The batch the reordered layout is tuned for (it serves any batch): a decode step's.
+_PACK_BATCH_HINT = 32
+_PACKABLE_DTYPES = (torch.float32,)
+
+
+def prepack_available() -> bool:
+    """Whether this torch can reorder weights for oneDNN (CPU builds with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
+    )
+
+
+def prepack(model: nn.Module, enabled: bool = True) -> int:
+    """Switch every ``Linear`` of ``model`` to (or, ``enabled=False``, back from) oneDNN's
+    prepacked GEMM; returns how many layers were switched (0 where torch lacks it)."""
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    enabled = enabled and prepack_available()
+    for layer in layers:
+        layer.prepacked = enabled
+        layer.drop_packed()
+    return len(layers) if enabled else 0
 
 
 class RMSNorm(nn.Module):
@@ -76,9 +132,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = Linear(hidden, intermediate, bias=False)
+        self.up_proj = Linear(hidden, intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
