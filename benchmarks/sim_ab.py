@@ -13,7 +13,7 @@ speed weighs on both sides alike). Reported per run: wall and CPU seconds, peak 
 MB and the result's digest (``sim_scale.result_digest``); then each side's median and the
 median of the pairs' new/base ratios. Exits with status 1 if the digests differ (a
 speed-up must not change the result). Both sides' processes start as ``pearl plan`` starts
-its runs (``pearl.apps.huge_pages``; ``PEARL_HUGE_PAGES=0``: CPython's allocator), each
+its runs (``pearl.processes.huge_pages``; ``PEARL_HUGE_PAGES=0``: CPython's allocator), each
 on its own tree's compiled modules (``pearl.native``, built first where missing; a run on
 the other kind of modules than ``PEARL_NATIVE`` asks for stops the comparison).
 """
@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pearl.apps.process_env import simulation_env
+from pearl.processes.env import simulation_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ _TREE_ENV = """
 import json, sys
 sys.path[:0] = [sys.argv[1] + "/src"]
 from pearl import native
-from pearl.apps.process_env import simulation_env
+from pearl.processes.env import simulation_env
 if sys.argv[2] == "1":
     native.build()
 print(json.dumps(simulation_env()))

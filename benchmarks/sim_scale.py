@@ -8,9 +8,9 @@
 Each size is one RL step (rollout of the whole batch, training, weight sync) of the
 ``pearl`` policy in the paper's regime (configs/headline_paper.yaml: the swe_paper workload,
 SGLang-mode engine, H800) on ``W`` dedicated TP2 rollout workers and 16 training GPUs, with
-``8 W`` trajectories (tasks of 16). Every size runs in a fresh process (``pearl.apps.pool``),
+``8 W`` trajectories (tasks of 16). Every size runs in a fresh process (``pearl.processes.pool``),
 so its peak memory is its own, started as ``pearl plan`` starts its runs (on transparent huge
-pages where the host grants them, ``pearl.apps.huge_pages``; ``PEARL_HUGE_PAGES=0`` for
+pages where the host grants them, ``pearl.processes.huge_pages``; ``PEARL_HUGE_PAGES=0`` for
 CPython's own allocator). Reported per size: wall seconds, simulated engine
 iterations (and how many were fast-forwarded), events per wall second (iterations plus
 turns), generated tokens, peak resident memory, and that peak less the process's memory
@@ -46,8 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pearl.apps.pool import run_in_processes
-from pearl.apps.process_env import simulation_env
+from pearl.processes.env import simulation_env
+from pearl.processes.pool import run_in_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "headline_paper.yaml"

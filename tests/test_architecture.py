@@ -47,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
         "workloads",
         "errors",
     },
+    "processes": {"native"},  # the processes PEARL starts for runs, and their environment
     "config": {"control", "workloads", "errors", "redaction"},
     "report": {"control", "durable_files", "errors", "redaction"},
     "apps": {
@@ -61,6 +62,7 @@ ALLOWED: dict[str, set[str]] = {
         "errors",
         "live",
         "models",
+        "processes",
         "redaction",
         "report",
         "sim",
@@ -156,3 +158,26 @@ def test_importing_a_layer_loads_nothing_above_it(packages, forbidden):
     loaded = set(__import__("json").loads(out))
     bad = sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden))
     assert bad == []
+
+
+def _third_party_imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def test_only_the_live_world_imports_ray():
+    """Ray is the live world's: programs reach it through ``pearl.live`` (cluster slots,
+    a worker's crash, the trainer's death, the plan grid's Ray tasks)."""
+    found = [
+        f"{path.relative_to(SRC.parent)}:{line}: {name}"
+        for path in sorted(SRC.rglob("*.py"))
+        if path.relative_to(SRC).parts[0] != "live"
+        for line, name in _third_party_imports(path)
+        if name == "ray" or name.startswith("ray.")
+    ]
+    assert found == []

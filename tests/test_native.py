@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from pearl import native
-from pearl.apps.huge_pages import huge_page_env
-from pearl.apps.process_env import simulation_env
 from pearl.models import catalog
+from pearl.processes.env import simulation_env
+from pearl.processes.huge_pages import huge_page_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
  * CPython keeps objects of up to 512 bytes in 1 MiB arenas it maps itself; on a host that
  * grants 2 MiB pages only where a program asks (THP "madvise" mode, the common default)
  * they stay on 4 KiB pages, and a simulated fleet's heap of small objects then misses the
- * TLB on most first touches (pearl.apps.huge_pages). This arena allocator
+ * TLB on most first touches (pearl.processes.huge_pages). This arena allocator
  * (PyObject_SetArenaAllocator, a documented CPython hook) hands out arenas from 64 MiB
  * regions aligned to 2 MiB and marked MADV_HUGEPAGE. A freed arena is kept for the next
  * one instead of being unmapped: the process keeps its high-water mark of arenas.

@@ -15,7 +15,7 @@ sharing a cache each build and load their own, and a key that hashes the modules
 and the interpreter: an edited module, another Python or another machine type gets a build
 of its own, and an out-of-date build is never loaded. A process
 uses a build only when started with ``PEARL_NATIVE=1`` and a build for its sources exists:
-``pearl.apps.process_env.simulation_env`` sets it for the processes PEARL starts for
+``pearl.processes.env.simulation_env`` sets it for the processes PEARL starts for
 simulations (``pearl simulate``'s and ``pearl plan``'s pool, Ray tasks, the benchmarks).
 Everything else, the live engine included, runs the Python modules. ``PEARL_NATIVE=0``
 keeps simulations on them too. Building needs mypy (the ``dev`` extra) and a C compiler;
@@ -72,7 +72,7 @@ MODULES = (
 )
 PACKAGE = Path(__file__).resolve().parent  # the pearl package's sources
 # C built beside them: CPython's arenas on huge pages (``huge_arenas.c``, loaded by
-# ``activate`` where ``PEARL_HUGE_ARENAS=1``; ``pearl.apps.huge_pages`` says when).
+# ``activate`` where ``PEARL_HUGE_ARENAS=1``; ``pearl.processes.huge_pages`` says when).
 ARENAS_SOURCE = "huge_arenas.c"
 ARENAS_LIBRARY = "huge_arenas.so"
 ARENAS_ENV = "PEARL_HUGE_ARENAS"

@@ -100,7 +100,7 @@ def test_a_plan_on_a_three_raylet_cluster_is_the_local_pools_plan(tmp_path, clus
 def test_a_lost_node_loses_only_its_runs(tmp_path, cluster):
     """Four 8-second jobs on two one-slot nodes: two run at once, one node is lost once
     both have started; its job is reported lost, the other three finish on the node left."""
-    from pearl.apps.ray_pool import connect, run_on_ray
+    from pearl.live.ray_pool import connect, run_on_ray
 
     c, nodes = cluster
     connect(c.address)
@@ -127,7 +127,7 @@ def test_a_lost_node_loses_only_its_runs(tmp_path, cluster):
 
 
 def test_a_jobs_own_error_ends_the_batch_with_that_error(cluster):
-    from pearl.apps.ray_pool import connect, run_on_ray
+    from pearl.live.ray_pool import connect, run_on_ray
 
     c, _ = cluster
     connect(c.address)
@@ -137,7 +137,7 @@ def test_a_jobs_own_error_ends_the_batch_with_that_error(cluster):
 
 
 def test_tasks_run_in_workers_started_with_the_extra_environment(cluster):
-    from pearl.apps.ray_pool import connect, run_on_ray
+    from pearl.live.ray_pool import connect, run_on_ray
 
     c, _ = cluster
     connect(c.address)
@@ -148,7 +148,7 @@ def test_tasks_run_in_workers_started_with_the_extra_environment(cluster):
 
 
 def test_an_address_where_no_cluster_answers_is_a_clear_error(tmp_path, monkeypatch):
-    from pearl.apps.ray_pool import connect
+    from pearl.live.ray_pool import connect
 
     if ray.is_initialized():
         ray.shutdown()

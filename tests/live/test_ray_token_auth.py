@@ -3,7 +3,7 @@
 A real cluster started as an operator would (``ray get-auth-token --generate``, then
 ``ray start --head`` with the token in its environment), on loopback, free ports and a temp
 dir of its own; drivers are fresh processes going through PEARL's joins
-(``pearl.live.cluster.ensure_ray`` for ``cluster.ray_address``, ``pearl.apps.ray_pool.connect``
+(``pearl.live.cluster.ensure_ray`` for ``cluster.ray_address``, ``pearl.live.ray_pool.connect``
 for ``plan.ray_address``). With the cluster's token a driver runs a Ray task there; without it,
 or with another one, the join ends in one ``ConfigError`` naming the setting and the token
 variables.
@@ -48,7 +48,7 @@ import json, sys
 import ray
 from pearl.errors import ConfigError
 from pearl.live.cluster import actor_location, ensure_ray
-from pearl.apps.ray_pool import connect
+from pearl.live.ray_pool import connect
 try:
     ensure_ray(1, sys.argv[1]) if sys.argv[2] == "train" else connect(sys.argv[1])
 except ConfigError as exc:

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
-from pearl.apps.process_env import simulation_env
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
+from pearl.processes.env import simulation_env
+from pearl.processes.pool import run_in_processes, sigterm_as_interrupt
 from pearl.report.figures import experiment_figures
 from pearl.report.html import Section, write_report
 from pearl.report.progress import Progress

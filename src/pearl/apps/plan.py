@@ -27,11 +27,11 @@ from pathlib import Path
 import yaml
 
 from pearl.apps.experiment import load_segment_or_csv, run_one
-from pearl.apps.pool import run_in_processes, sigterm_as_interrupt
-from pearl.apps.process_env import simulation_env
 from pearl.config import PlanConfig, dump_config, load_config
 from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
+from pearl.processes.env import simulation_env
+from pearl.processes.pool import run_in_processes, sigterm_as_interrupt
 from pearl.report.progress import Progress
 from pearl.report.run_folder import default_run_name
 
@@ -344,7 +344,7 @@ class GridRunner:
         if address is None:
             run_in_processes(run_one, todo, self.cfg.processes, finished, died, env=env)
             return
-        from pearl.apps.ray_pool import connect, run_on_ray
+        from pearl.live.ray_pool import connect, run_on_ray
 
         connect(address)
         run_on_ray(run_one, todo, finished, died, env=env)

@@ -120,6 +120,13 @@ def token_refused_message(setting: str, address: str, reason: str) -> str:
     )
 
 
+def cpu_slots() -> float:
+    """The CPU slots of the Ray instance this process is connected to (``ensure_ray``)."""
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 0))
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """How the live actors are placed, with Ray's own mechanisms. Every actor takes one CPU

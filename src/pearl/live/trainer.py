@@ -153,6 +153,11 @@ class _LossTerms:
     total: int  # loss tokens of the batch
 
 
+class TrainerProcessDied(RuntimeError):
+    """A trainer process died (its actor is gone; the message names Ray's error): the run
+    ends, and resumes from its last checkpoint."""
+
+
 class DeviceLentError(RuntimeError):
     """The trainer was asked to step while its device is lent to rollout."""
 
@@ -896,7 +901,7 @@ process dies, the survivors fail in their collectives first, and the death is th
 
 async def _gather(refs: list[Any]) -> list[Any]:
     """Await the processes' ``refs``. If one fails, the failure reported is a process's
-    death when any process died (``RayActorError``, which ends the run with the resume
+    death when any process died (``TrainerProcessDied``, which ends the run with the resume
     command), not a survivor's broken collective."""
     from ray.exceptions import RayActorError
 
@@ -912,4 +917,6 @@ async def _gather(refs: list[Any]) -> list[Any]:
         late, _ = await asyncio.wait(pending, timeout=DEATH_GRACE_S)
         failed += [t.exception() for t in late if t.exception() is not None]
     deaths = [e for e in failed if isinstance(e, RayActorError)]
-    raise (deaths or failed)[0]
+    if deaths:
+        raise TrainerProcessDied(type(deaths[0]).__name__) from deaths[0]
+    raise failed[0]

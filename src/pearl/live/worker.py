@@ -185,6 +185,14 @@ class LiveWorker:
         self.stopped = True
         ray.kill(self.actor)
 
+    def crash(self) -> None:
+        """Kill the actor as a crash would (chaos testing): the worker is not marked
+        stopped, so its next call reports the death to the control plane, which must
+        notice it."""
+        import ray
+
+        ray.kill(self.actor)
+
 
 class LiveKVMover:
     """Moves KV between engine actors through Ray's object store (numpy arrays, no copy

@@ -249,7 +249,7 @@ class _LiveRun:
     def _start_ray(self, engine: Any, actors: int) -> None:
         """Ray up (or joined) with ``actors`` CPU slots, and for vLLM its release and its
         checks of the model and arguments; ``ConfigError`` if the cluster is too small."""
-        from pearl.live.cluster import ensure_ray
+        from pearl.live.cluster import cpu_slots, ensure_ray
 
         backend = self.cfg.rollout.backend
         if backend == "vllm":
@@ -259,9 +259,7 @@ class _LiveRun:
         ensure_ray(actors, self.cfg.cluster.ray_address)  # before ray is imported (loopback)
         if backend == "vllm":  # (vLLM imports ray): its checks of model and args
             vllm_setup.preflight(str(self.run.folder), engine)
-        import ray
-
-        slots = ray.cluster_resources().get("CPU", 0)
+        slots = cpu_slots()
         if slots < actors:
             raise ConfigError(
                 f"this run needs {actors} Ray CPU slots (rollout workers, trainer processes, "
@@ -400,9 +398,8 @@ class _LiveRun:
 
     async def train(self, stop: _StopOnSignals) -> dict[str, Any]:
         """Evaluate, run the RL steps, save, evaluate again; the run's summary."""
-        import ray
-
         from pearl.control.pipeline import PipelineConfig
+        from pearl.live.trainer import TrainerProcessDied
 
         cfg = self.cfg
         before = await self.evaluate("before")
@@ -438,10 +435,9 @@ class _LiveRun:
                         "train-more", ((offset + i) * rounds + r) * tasks, n, group
                     ),
                 )
-        except ray.exceptions.RayActorError as exc:
-            # Rollout workers that die are replaced (LiveWorker maps their deaths);
-            # what reaches here is the trainer's process dying.
-            why = f"the trainer's process died ({type(exc).__name__})"
+        except TrainerProcessDied as exc:
+            # Rollout workers that die are replaced (LiveWorker maps their deaths).
+            why = f"the trainer's process died ({exc})"
             raise self.stopped(why, RunInterrupted) from None
         finally:
             if chaos is not None:
@@ -704,8 +700,6 @@ async def _chaos(plane, every_s: float, seed: int, log) -> None:
     """Kill a random active dedicated rollout worker's actor every ``every_s`` seconds, as a
     crash would (the control plane is not told: it must notice)."""
 
-    import ray
-
     from pearl.control.state import Zone
 
     rng = random.Random(seed)
@@ -723,4 +717,4 @@ async def _chaos(plane, every_s: float, seed: int, log) -> None:
             worker = plane.rebuilder.workers[slot]
             killed.add(id(worker))
             log({"kind": "chaos_kill", "slot": slot, "worker": worker.worker_id})
-            ray.kill(worker.actor)
+            worker.crash()

@@ -1,4 +1,4 @@
-"""``pearl.apps.pool``: jobs in fresh processes; a dead process is reported with its job."""
+"""``pearl.processes.pool``: jobs in fresh processes; a dead process is reported with its job."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pearl.apps.pool import died_reason, run_in_processes
+from pearl.processes.pool import died_reason, run_in_processes
 
 
 def test_answers_arrive_and_a_killed_or_exited_process_is_reported_with_its_job():

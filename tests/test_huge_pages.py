@@ -1,4 +1,4 @@
-"""``pearl.apps.huge_pages``: the environment simulation processes start with."""
+"""``pearl.processes.huge_pages``: the environment simulation processes start with."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pearl.apps import huge_pages
-from pearl.apps.huge_pages import huge_page_env
+from pearl.processes import huge_pages
+from pearl.processes.huge_pages import huge_page_env
 
 
 @pytest.fixture
