@@ -35,10 +35,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pearl.apps.sim_build import build_cost_model, engine_config
 from pearl.config import load_simulate_config
 from pearl.control.deployment import Deployment
 from pearl.engine.scheduler import SchedulerOutput
-from pearl.sim.build import build_cost_model, engine_config
 from pearl.sim.costmodel import CostModel
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.hardware import get_gpu

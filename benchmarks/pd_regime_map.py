@@ -23,8 +23,8 @@ from pathlib import Path
 
 from pearl.apps.paper.ratio_selection import StepSelection
 from pearl.apps.regime_map import KNOBS, Cell, evaluate_cell, heatmap
+from pearl.apps.sim_build import build_cost_model, engine_config
 from pearl.config import load_simulate_config
-from pearl.sim.build import build_cost_model, engine_config
 from pearl.workloads.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]

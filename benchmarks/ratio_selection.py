@@ -24,9 +24,9 @@ from pathlib import Path
 from statistics import median
 
 from pearl.apps.paper.ratio_selection import model_accuracy, select_and_replay
+from pearl.apps.sim_build import build_cost_model, engine_config
 from pearl.config import load_simulate_config
 from pearl.control.decision import DecisionConfig
-from pearl.sim.build import build_cost_model, engine_config
 from pearl.workloads.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]

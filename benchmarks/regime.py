@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from pearl.apps.paper.regime import RegimeSetting, fit_c4_c5, measure
+from pearl.apps.sim_build import build_cost_model, engine_config
 from pearl.config import load_simulate_config
 from pearl.errors import ConfigError
-from pearl.sim.build import build_cost_model, engine_config
 from pearl.sim.costmodel import CostConstants
 from pearl.workloads.profiles import (
     SWE_PAPER_ENV_SCALE,

@@ -137,9 +137,9 @@ def many_steps(policy: str, duration_s: float, trace: str = "segment2") -> dict:
 
 def decision_latency_ms(model: str, workers: int = 1024, repeat: int = 20) -> float:
     """Median seconds of one ``decide`` call for ``workers`` workers (prior parameters)."""
+    from pearl.apps.sim_build import build_setting
     from pearl.config import load_simulate_config
     from pearl.control.decision import DecisionConfig, decide
-    from pearl.sim.build import build_setting
     from pearl.sim.world import prior_params
 
     setting = build_setting(load_simulate_config(CONFIG, [f"model.name={model}"]))

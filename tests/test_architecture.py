@@ -28,7 +28,6 @@ ALLOWED: dict[str, set[str]] = {
     "control": {"workloads", "errors", "token_runs"},
     "engine_turns": {"control", "engine", "token_runs"},
     "sim": {
-        "config",
         "control",
         "engine",
         "engine_turns",

@@ -16,13 +16,13 @@ import pytest
 from reportparse import parse_report
 from typer.testing import CliRunner
 
+from pearl.apps.sim_build import build_batch, build_cost_model
 from pearl.apps.simulate import SimulateOutcome, run_simulate
 from pearl.cli import app
 from pearl.config import SimulateConfig, load_config
 from pearl.control.agent_loop import session_id_of
 from pearl.control.deployment import Deployment
 from pearl.errors import ConfigError
-from pearl.sim.build import build_batch, build_cost_model
 from pearl.sim.fixed import simulate_fixed_rollout
 from pearl.sim.worker import SimEngineConfig
 from pearl.workloads.batch import RolloutBatch

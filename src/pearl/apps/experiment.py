@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pearl.apps.sim_build import build_setting
 from pearl.config import RLExperimentConfig, dump_config
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
@@ -29,7 +30,6 @@ from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder
 from pearl.report.tables import steps_table, throughput_table, time_table
 from pearl.report.tensorboard import ScalarLog
-from pearl.sim.build import build_setting
 from pearl.sim.policy_run import RLRunResult, RLSetting, run_policy
 from pearl.workloads.availability import (
     SEGMENTS,

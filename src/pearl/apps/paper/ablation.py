@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pearl.apps.experiment import run_summary
+from pearl.apps.sim_build import build_setting
 from pearl.config import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
 from pearl.errors import RunsLost
 from pearl.processes.env import simulation_env
 from pearl.processes.pool import run_in_processes
-from pearl.sim.build import build_setting
 from pearl.sim.policy_run import run_policy
 
 RUNGS: dict[str, tuple[PDMode, Borrowing, str]] = {
