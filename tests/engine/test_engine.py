@@ -223,6 +223,17 @@ def test_sleep_without_host_copy_then_load_weights_then_wake(tiny_config):
     assert eng.generate([Request("a", p, GREEDY)])["a"].token_ids == ref
 
 
+def test_a_bfloat16_engine_woken_with_weights_loaded_asleep_stays_bfloat16(tiny_config):
+    """Weights loaded while asleep are checked on a float32 probe; wake restores them in the
+    engine's dtype (it once woke a bfloat16 engine in float32 beside a bfloat16 KV cache)."""
+    eng = make_engine(tiny_config, dtype="bfloat16")
+    eng.sleep(keep_weights_on_host=False)
+    eng.load_weights(build_model(tiny_config, seed=1).state_dict(), version=1)
+    eng.wake()
+    assert {p.dtype for p in eng.model.parameters()} == {torch.bfloat16}
+    assert eng.generate([Request("a", [1, 2, 3], GREEDY)])["a"].token_ids
+
+
 def test_bad_weights_are_rejected_and_the_old_ones_keep_serving(tiny_config):
     eng = make_engine(tiny_config)
     p = prompts(1, [9])[0]

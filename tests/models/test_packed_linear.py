@@ -55,6 +55,28 @@ def test_under_autograd_a_prepacked_layer_is_a_plain_linear_with_gradients():
     assert layer.bias.grad is not None
 
 
+def test_a_frozen_prepacked_layer_passes_gradients_to_its_input():
+    layer = packed_layer(bias=False)
+    layer.requires_grad_(False)
+    x = torch.randn(3, 48, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(3, 48))
+
+
+def test_a_replaced_weight_never_reuses_the_packed_ones_address():
+    """The packed copy holds its source weight alive: a weight swapped in (``.data``, the
+    old one freed) cannot take its address and pass for it with the same version."""
+    layer = packed_layer(bias=False)
+    x = torch.randn(2, 48)
+    with torch.inference_mode():
+        layer(x)
+    for _ in range(20):
+        layer.weight.data = torch.empty(0)  # the old weight let go first, as sleep does
+        layer.weight.data = torch.randn(80, 48)  # (an allocator reuses a freed address)
+        with torch.inference_mode():
+            torch.testing.assert_close(layer(x), x @ layer.weight.T, rtol=1e-5, atol=1e-5)
+
+
 def test_the_engine_prepacks_on_the_cpu_and_serves_what_the_plain_model_serves(tiny_config):
     """Greedy tokens and logits of an engine with prepacked weights against one without;
     sleep frees the packed copies and wake serves the same again."""

@@ -422,7 +422,7 @@ class LLMEngine:
     def _restore_parameters(self, weights: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, p in self.model.named_parameters():
-                p.data = weights[name].to(self.device)
+                p.data = weights[name].to(self.device, self.dtype)  # a probe's are float32
         if self.model_config.tie_word_embeddings:
             self.model.lm_head.weight = self.model.model.embed_tokens.weight
 

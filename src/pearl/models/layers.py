@@ -23,18 +23,21 @@ class Linear(nn.Linear):
     layer is a plain ``nn.Linear``."""
 
     prepacked: bool = False  # set by ``prepack``; the trainer's models never are
-    _packed: tuple[torch.Tensor, int, int] | None = None  # (reordered weight, version, ptr)
+    # (reordered weight, the weight's version then, the weight then): the last holds the
+    # packed weight's storage alive, so a replacement can never reuse its address
+    _packed: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if not self.prepacked or w.requires_grad and torch.is_grad_enabled():
-            return F.linear(x, w, self.bias)
+        if not self.prepacked or torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):
+            return F.linear(x, w, self.bias)  # oneDNN's prepacked GEMM has no backward
         if not (w.device.type == "cpu" and w.dtype in _PACKABLE_DTYPES and x.dtype == w.dtype):
             return F.linear(x, w, self.bias)
         packed = self._packed
-        if packed is None or packed[1] != w._version or packed[2] != w.data_ptr():
-            reordered = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_BATCH_HINT)
-            packed = self._packed = (reordered, w._version, w.data_ptr())
+        if packed is None or packed[1] != w._version or packed[2].data_ptr() != w.data_ptr():
+            source = w.detach()
+            reordered = torch.ops.mkldnn._reorder_linear_weight(source, _PACK_BATCH_HINT)
+            packed = self._packed = (reordered, w._version, source)
         return torch.ops.mkldnn._linear_pointwise(x, packed[0], self.bias, "none", [], "")
 
     def drop_packed(self) -> None:
