@@ -45,8 +45,5 @@ PY
   rm -f "$VENV"/.pearl-*
   touch "$STAMP"
 fi
-# The simulator's engine compiled (pearl.native): built once per version of its sources where
-# mypy (the dev extra) and a C compiler are present (~40 s); simulations run Python otherwise.
-"$VENV/bin/python" -m pearl.native --if-possible
 export PATH="$VENV/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -1,6 +1,8 @@
 """The model catalog: errors without the package; SmolLM2 converted from its wheel matches
 transformers (slow: converts 135M parameters)."""
 
+import os
+
 import pytest
 
 from pearl.errors import ConfigError
@@ -26,6 +28,25 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("PEARL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert catalog.cache_root() == tmp_path / "x" / "pearl"
+
+
+def test_the_cache_folders_pearl_makes_are_writable_by_their_owner_only_whatever_the_umask(
+    tmp_path, monkeypatch
+):
+    """Under a umask of 002 (a group per user) ``mkdir -p`` makes group-writable folders:
+    the folders a model conversion makes in the cache are 0755."""
+    monkeypatch.setattr(catalog, "convert_gguf", lambda gguf, out: None)  # the folders only
+    previous = os.umask(0o002)
+    try:
+        catalog.model_folder("smollm2-135m", root=tmp_path / "cache" / "pearl")
+    finally:
+        os.umask(previous)
+    for folder in (
+        tmp_path / "cache",
+        tmp_path / "cache" / "pearl",
+        tmp_path / "cache" / "pearl" / "models",
+    ):
+        assert folder.stat().st_mode & 0o777 == 0o755, folder
 
 
 @pytest.mark.slow

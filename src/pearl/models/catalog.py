@@ -53,7 +53,7 @@ _STAMP = "pearl-model.json"
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
-    """PEARL's cache (converted models, ``pearl.native``'s builds): ``$PEARL_CACHE``, else
+    """PEARL's cache (converted models): ``$PEARL_CACHE``, else
     ``$XDG_CACHE_HOME/pearl``, else ``~/.cache/pearl``, read from ``environ`` (default: this
     process's)."""
     env = os.environ if environ is None else environ
@@ -66,8 +66,8 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
 def make_cache_folders(folder: Path) -> None:
     """``mkdir -p folder`` with each folder it makes writable by its owner only (0755, less
     under a stricter umask). Plain ``mkdir -p`` follows the umask: under 002 (a group per
-    user, Debian and Ubuntu) the cache would be group-writable, and ``pearl.native`` refuses
-    a build below a folder others may write."""
+    user, Debian and Ubuntu) the cache would be group-writable, and anyone in that group
+    could replace the weights a run loads."""
     missing = [p for p in (folder, *folder.parents) if not p.exists()]
     for path in reversed(missing):
         path.mkdir(mode=0o755, exist_ok=True)  # the umask may narrow 0755, never widen it
