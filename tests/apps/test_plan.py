@@ -200,6 +200,7 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_speed_and_cost():
     assert [r["frontier"] for r in rows] == [True, True, False]
 
 
+@pytest.mark.slow  # ~40 s (the fast suite's budget, issue 63)
 def test_sigterm_keeps_the_finished_runs_and_resume_finishes_the_plan(tmp_path):
     import os
     import signal

@@ -97,6 +97,7 @@ def test_a_plan_on_a_three_raylet_cluster_is_the_local_pools_plan(tmp_path, clus
     assert len(kept) == 12 + 4
 
 
+@pytest.mark.slow  # ~32 s: a Ray cluster loses a node (the fast suite's budget)
 def test_a_lost_node_loses_only_its_runs(tmp_path, cluster):
     """Four 8-second jobs on two one-slot nodes: two run at once, one node is lost once
     both have started; its job is reported lost, the other three finish on the node left."""

@@ -284,6 +284,7 @@ def run_with_kills(chat_model, tmp_path, steps: int, every_s: float):
     return kills, out["counters"]["worker_failures"]
 
 
+@pytest.mark.slow  # ~90 s: Ray workers killed mid-run (the fast suite's budget, issue 63)
 def test_killed_rollout_workers_are_replaced_and_no_trajectory_is_lost(
     chat_model, tmp_path, ray_runtime
 ):
@@ -551,7 +552,11 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
-@pytest.mark.parametrize("processes", [1, 2], ids=["one-trainer", "two-trainer-processes"])
+@pytest.mark.parametrize(
+    "processes",
+    [1, pytest.param(2, marks=pytest.mark.slow)],  # two: ~40 s more (the fast suite's budget)
+    ids=["one-trainer", "two-trainer-processes"],
+)
 def test_a_run_whose_trainer_dies_stops_clearly_and_resumes_from_its_last_checkpoint(
     chat_model, tmp_path, processes
 ):
