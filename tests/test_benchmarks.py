@@ -2,6 +2,7 @@
 
 import asyncio
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -182,6 +183,7 @@ def test_trainer_processes_reports_one_and_two_processes_agreeing(tmp_path, monk
         assert len(row["step_s"]) == 2 and row["max_weight_diff"] < 1e-5
 
 
+@pytest.mark.slow  # ~37 s: a three-node Ray cluster (the fast suite's budget)
 def test_node_loss_runs_and_audits_every_step(tmp_path, monkeypatch):
     import json
 
@@ -531,3 +533,23 @@ def test_engine_vs_vllm_times_our_engine_in_a_pinned_process_of_its_own(tmp_path
         (profile,) = [r["profile"] for r in rows if "profile" in r]
         assert profile[0]["what"] == "wall per step (ms)" and len(profile) > 3
         assert gemm in {p["what"] for p in profile}  # each side ran its own GEMM
+
+
+def test_speed_machinery_turns_each_mechanism_off_alone_and_compares_digests(tmp_path):
+    """benchmarks/speed_machinery.py: rounds forward then backward; each run says what it ran
+    with, and the benchmark stops if a variant had anything but its own mechanism off."""
+    bench = load("speed_machinery")
+    assert bench.order(2, ("all", "a", "b")) == ["all", "a", "b", "b", "a", "all"]
+    from pearl import native
+
+    if not native.built():
+        pytest.skip("no compiled build of these sources (python -m pearl.native)")
+    out = tmp_path / "sm.json"
+    bench.main(["--workers", "2", "--rounds", "2", "--variants", "default-gc", "asyncio-loop",
+                "--out", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert len(result["digests"]) == 1
+    for variant, runs in result["runs"].items():
+        assert len(runs) == 2
+        assert {m for m, on in runs[0]["on"].items() if not on} == bench.OFF[variant]
+    assert set(result["variants"]) == {"all", "default-gc", "asyncio-loop"}
