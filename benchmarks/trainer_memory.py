@@ -57,7 +57,8 @@ def measure(name: str, steps: int, rank: int, queue) -> None:
 
     from pearl.live.lora import LoRAConfig
     from pearl.live.server import ModelSpec
-    from pearl.live.trainer import GRPOTrainer, TrainerConfig
+    from pearl.live.trainer import GRPOTrainer
+    from pearl.live.trainer_config import TrainerConfig
     from pearl.models.catalog import resolve_model
 
     torch.set_num_threads(2)

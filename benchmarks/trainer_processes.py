@@ -33,7 +33,9 @@ import torch
 
 from pearl.control.interfaces import TrainBatch, TrainSample
 from pearl.live.server import ModelSpec
-from pearl.live.trainer import GRPOTrainer, LiveTrainer, TrainerConfig
+from pearl.live.trainer import GRPOTrainer
+from pearl.live.trainer_config import TrainerConfig
+from pearl.live.trainer_handle import LiveTrainer
 from pearl.models.catalog import resolve_model
 
 

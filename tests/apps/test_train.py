@@ -108,7 +108,8 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
     assert drifted > 0  # re-tokenized text would have trained on other ids than sampled
     # The trainer's log-probabilities of these multi-turn ChatML episodes are the engine's
     # (the importance ratio is 1 on the weights that sampled).
-    from pearl.live.trainer import GRPOTrainer, TrainerConfig
+    from pearl.live.trainer import GRPOTrainer
+    from pearl.live.trainer_config import TrainerConfig
 
     samples = [t.sample for t in result.trajectories]
     trainer = GRPOTrainer(ModelSpec(folder=str(chat_model)), TrainerConfig(temperature=1.0))

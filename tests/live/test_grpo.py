@@ -17,7 +17,8 @@ from pearl.engine.sequence import Request, SamplingParams
 from pearl.errors import CheckpointError
 from pearl.live.grpo import clipped_token_loss, group_advantages
 from pearl.live.server import ModelSpec
-from pearl.live.trainer import DeviceLentError, GRPOTrainer, TrainerConfig
+from pearl.live.trainer import DeviceLentError, GRPOTrainer
+from pearl.live.trainer_config import TrainerConfig
 from pearl.models.config import ModelConfig
 
 LLAMA = tiny_model(
@@ -380,7 +381,7 @@ def test_two_trainer_processes_take_the_same_steps_as_one(three_slots, tmp_path,
     checkpoint the two write resumes in one process, and one process's resumes in two."""
     import asyncio
 
-    from pearl.live.trainer import LiveTrainer
+    from pearl.live.trainer_handle import LiveTrainer
 
     samples = shared_prompt_samples(groups=3, tries=3)
     batches = [TrainBatch(i, len(samples), 0, 0, samples=tuple(samples)) for i in range(2)]
@@ -454,8 +455,7 @@ def test_ppo_epochs_and_mini_batches_update_on_whole_groups_against_the_steps_st
     """``ppo_epochs=2, mini_batches=2`` on three groups: four optimizer updates, on groups
     {t0, t1} then {t2}, twice; advantages from the whole batch; every update's ratio
     against the weights that started the step. Equal to those updates done by hand."""
-    from pearl.live.grpo import advantages
-    from pearl.live.trainer import mini_batches
+    from pearl.live.grpo import advantages, mini_batches
 
     samples = shared_prompt_samples(groups=3, tries=3)
     batch = TrainBatch(0, len(samples), 0, 0, samples=tuple(samples))
@@ -486,7 +486,7 @@ def test_ppo_epochs_and_mini_batches_update_on_whole_groups_against_the_steps_st
 
 
 def test_mini_batches_are_whole_groups_and_no_more_than_the_groups():
-    from pearl.live.trainer import mini_batches
+    from pearl.live.grpo import mini_batches
 
     samples = [TrainSample((1, 2), (0, 1), (0.0, 0.0), 0.0, g) for g in "aabbbcdd"]
     assert mini_batches(samples, 1) == [list(range(8))]

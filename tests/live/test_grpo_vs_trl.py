@@ -9,7 +9,8 @@ from tiny_model import tiny_chat_model
 from pearl.control.interfaces import TrainSample
 from pearl.live.grpo import advantages
 from pearl.live.server import ModelSpec
-from pearl.live.trainer import GRPOTrainer, TrainerConfig
+from pearl.live.trainer import GRPOTrainer
+from pearl.live.trainer_config import TrainerConfig
 
 trl = pytest.importorskip("trl", reason="TRL is in the dev extra")
 

@@ -11,7 +11,8 @@ from tiny_model import tiny_chat_model
 from pearl.control.interfaces import TrainBatch
 from pearl.live.lora import ALL_LINEAR, LoRAConfig
 from pearl.live.server import ModelSpec
-from pearl.live.trainer import GRPOTrainer, TrainerConfig
+from pearl.live.trainer import GRPOTrainer
+from pearl.live.trainer_config import TrainerConfig
 from pearl.models.config import ModelConfig
 from pearl.models.loader import build_model
 
@@ -132,7 +133,7 @@ def test_lora_config_is_checked():
 def test_two_lora_trainer_processes_take_the_same_steps_as_one(three_slots):
     """FSDP2 shards frozen weights and adapters alike; the merged weights the two publish
     equal one process's."""
-    from pearl.live.trainer import LiveTrainer
+    from pearl.live.trainer_handle import LiveTrainer
 
     steps = [batch(i) for i in range(2)]
     config = TrainerConfig(learning_rate=1e-2, lora=LORA, micro_batch_tokens=64)

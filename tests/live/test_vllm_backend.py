@@ -165,7 +165,8 @@ def test_vllm_turns_logprobs_abort_and_new_weights(smollm2):
     from pearl.control.interfaces import TrainSample, TurnRequest
     from pearl.engine.config import EngineConfig
     from pearl.live.server import ModelSpec
-    from pearl.live.trainer import GRPOTrainer, TrainerConfig
+    from pearl.live.trainer import GRPOTrainer
+    from pearl.live.trainer_config import TrainerConfig
     from pearl.live.vllm_server import VllmServer
 
     def litter() -> set[str]:  # what a killed vLLM engine used to leave in the temp dir

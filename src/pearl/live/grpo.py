@@ -43,8 +43,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from pearl.control.episode import STOP_CONTEXT_FULL
+from pearl.control.interfaces import TrainSample
+
+if TYPE_CHECKING:
+    from pearl.live.trainer_config import TrainerConfig
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 KL_ESTIMATORS = ("k1", "k3")
@@ -190,3 +198,66 @@ def clipped_token_loss(
             "kl_sum": float((kl * mask).sum()) if kl is not None else 0.0,
         }
     return loss, stats
+
+
+@dataclass(slots=True, frozen=True)
+class LossTerms:
+    """A batch's terms of the GRPO loss, fixed before any sample is scored
+    (``loss_terms``)."""
+
+    advantage: torch.Tensor  # per sample
+    weights: torch.Tensor | None  # per sample (None: token-mean)
+    divisor: float
+    clip: tuple[float, float]  # (low, high)
+    useful: list[int]  # the samples scored: a nonzero advantage, not masked
+    overlong: list[bool]  # masked: cut by the context limit (mask_overlong)
+    total: int  # loss tokens of the batch
+
+
+def loss_terms(
+    samples: Sequence[TrainSample], advantage: list[float] | None, cfg: TrainerConfig
+) -> LossTerms:
+    """What the loss of a batch needs before any sample is scored: advantages, the
+    masked trajectories, the aggregation's weights and divisor, the clip range."""
+    if advantage is None:
+        advantage = advantages(
+            [s.reward for s in samples],
+            [s.group for s in samples],
+            cfg.advantage_estimator,
+            cfg.scale_rewards,
+        )
+    overlong = [cfg.mask_overlong and s.stop_reason == STOP_CONTEXT_FULL for s in samples]
+    counts = [0 if cut else sum(s.loss_mask[1:]) for s, cut in zip(samples, overlong, strict=True)]
+    total = sum(counts)
+    # token-mean divides the weighted sum by the batch's token count (no weights);
+    # the other modes weight each trajectory's tokens (sequence_weights).
+    weights = None
+    if cfg.loss_agg_mode != "token-mean":
+        seq = sequence_weights(counts, cfg.loss_agg_mode, cfg.loss_norm_tokens)
+        weights = torch.tensor(seq, dtype=torch.float32)
+    return LossTerms(
+        advantage=torch.tensor(advantage, dtype=torch.float32),
+        weights=weights,
+        divisor=float(max(1, total)) if weights is None else 1.0,
+        clip=(cfg.clip_eps, cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high),
+        # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
+        # gradient: it is not scored at all (the result is exactly the full batch's).
+        useful=[i for i, a in enumerate(advantage) if a != 0.0 and not overlong[i]],
+        overlong=overlong,
+        total=total,
+    )
+
+
+def mini_batches(samples: list[TrainSample], count: int) -> list[list[int]]:
+    """``samples``' indices in ``count`` mini-batches of whole groups (fewer if the batch
+    has fewer groups), in the order the groups first appear, as even as groups allow."""
+    order: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        order.setdefault(s.group, []).append(i)
+    groups = list(order.values())
+    count = max(1, min(count, len(groups)))
+    bounds = [round(k * len(groups) / count) for k in range(count + 1)]
+    return [
+        [i for group in groups[lo:hi] for i in group]
+        for lo, hi in zip(bounds, bounds[1:], strict=False)
+    ]

@@ -1,7 +1,9 @@
 """The live GRPO trainer: PyTorch, one process (a Ray actor in ``pearl train``).
 
-``GRPOTrainer`` is a plain class (tested in-process); ``LiveTrainer`` is the control
-plane's handle on it as a Ray actor and implements ``pearl.control.interfaces.Trainer``.
+``GRPOTrainer`` is a plain class (tested in-process); ``pearl.live.trainer_handle`` is the
+control plane's handle on it as Ray actors. Its config is ``pearl.live.trainer_config``,
+the loss's arithmetic ``pearl.live.grpo`` (pure functions, checked against TRL's), its
+files ``pearl.live.checkpoint``.
 A step lays each group's trajectories (one task's G tries, sharing their prompt) out as a
 prefix tree (``pearl.live.packing``: the prompt once, the gradient from every trajectory
 reaching it), stacks the trees into micro-batches of at most ``micro_batch_tokens``
@@ -14,37 +16,37 @@ Checkpoints hold no pickle: weights and optimizer moments in safetensors, counte
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import json
+import datetime
 import math
+import resource
+import socket
 import time
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pearl.control.episode import ENV_FAILURES, STOP_CONTEXT_FULL
-from pearl.control.interfaces import TrainBatch, TrainMetrics, TrainSample
+from pearl.control.episode import ENV_FAILURES
+from pearl.control.interfaces import TrainBatch, TrainSample
 from pearl.engine.sampler import truncated_log_softmax
 from pearl.errors import CheckpointError
 from pearl.live import packing
-from pearl.live.cluster import Placement, actor_location
+from pearl.live.checkpoint import read_checkpoint, write_checkpoint
+from pearl.live.cluster import actor_location
 from pearl.live.grpo import (
-    ADVANTAGE_ESTIMATORS,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    REWARD_SCALES,
+    LossTerms,
     advantages,
     clipped_token_loss,
     kl_per_token,
-    sequence_weights,
+    loss_terms,
+    mini_batches,
     truncated_is_weights,
 )
 from pearl.live.lora import (
-    LoRAConfig,
     adapter_files,
     adapters_disabled,
     apply_lora,
@@ -53,109 +55,13 @@ from pearl.live.lora import (
 )
 from pearl.live.packing import PackedBatch
 from pearl.live.server import ModelSpec
-from pearl.models.devices import DTYPES, torch_device, torch_dtype
-
-
-@dataclass(slots=True, frozen=True)
-class TrainerConfig:
-    learning_rate: float = 2e-6
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = 0.0
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    """The upper clip (DAPO's clip-higher); None: ``clip_eps`` (``pearl.live.grpo``)."""
-    advantage_estimator: str = "grpo"  # grpo or rloo
-    scale_rewards: str = "group"  # group, batch or none
-    loss_agg_mode: str = "token-mean"  # pearl.live.grpo.LOSS_AGG_MODES
-    loss_norm_tokens: int | None = None
-    """``seq-mean-token-sum-norm``'s constant (Dr. GRPO's generation budget)."""
-    kl_coef: float = 0.0
-    """The weight of the KL penalty to the frozen starting weights (0: no reference)."""
-    kl_estimator: str = "k3"  # k1 or k3 (pearl.live.grpo.kl_per_token)
-    mask_overlong: bool = False
-    """Leave trajectories cut by the context cap out of the loss (their group's baseline
-    still counts them): DAPO's overlong filtering."""
-    recompute_logprobs: bool = False
-    """Take the ratio against the trainer's own log-probabilities of the weights that
-    start the step, and weight tokens by truncated importance sampling against the
-    engine's (``tis_cap``)."""
-    tis_cap: float = 3.0
-    ppo_epochs: int = 1
-    """Passes over each batch (TRL's ``num_iterations``, verl's ``ppo_epochs``)."""
-    mini_batches: int = 1
-    """Optimizer steps per pass, each on its share of the batch's groups (verl's
-    ``ppo_mini_batch_size`` = batch / mini_batches). With more than one update a step,
-    the ratio is taken against the trainer's log-probabilities of the weights that start
-    the step, as TRL and verl do."""
-    lora: LoRAConfig | None = None
-    """Train low-rank adapters on the frozen weights (``pearl.live.lora``); None: all weights."""
-    kl_ratio_correction: bool = False
-    """Weight each token's KL term by its importance ratio (DeepSeek-V3.2; TRL's default)."""
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 2048
-    temperature: float = 1.0
-    """The sampling temperature the behaviour log-probabilities were computed at."""
-    top_k: int = 0
-    top_p: float = 1.0
-    """The rollout's truncation (0 / 1.0: none): the current log-probabilities are taken
-    under the same truncated distribution the tokens were drawn from."""
-    device: str = "cpu"  # cpu, cuda or cuda:N
-    dtype: str = "float32"
-    """float32, or bfloat16 for the forward and backward passes (mixed precision: the
-    weights, the optimizer and the gradients' reduction stay float32)."""
-
-    def __post_init__(self) -> None:
-        checks = {
-            "learning_rate": self.learning_rate > 0 and math.isfinite(self.learning_rate),
-            "clip_eps": 0 < self.clip_eps < 1,
-            "clip_eps_high": self.clip_eps_high is None or 0 < self.clip_eps_high < 10,
-            "advantage_estimator": self.advantage_estimator in ADVANTAGE_ESTIMATORS,
-            "scale_rewards": self.scale_rewards in REWARD_SCALES
-            and (self.advantage_estimator != "rloo" or self.scale_rewards == "none"),
-            "loss_agg_mode": self.loss_agg_mode in LOSS_AGG_MODES,
-            "kl_coef": self.kl_coef >= 0 and math.isfinite(self.kl_coef),
-            "tis_cap": self.tis_cap >= 1 and math.isfinite(self.tis_cap),
-            "ppo_epochs": self.ppo_epochs >= 1,
-            "mini_batches": self.mini_batches >= 1,
-            "kl_estimator": self.kl_estimator in KL_ESTIMATORS,
-            "loss_norm_tokens": (self.loss_norm_tokens or 0) >= 1
-            if self.loss_agg_mode == "seq-mean-token-sum-norm"
-            else self.loss_norm_tokens is None or self.loss_norm_tokens >= 1,
-            "max_grad_norm": self.max_grad_norm > 0,
-            "micro_batch_tokens": self.micro_batch_tokens >= 16,
-            "temperature": self.temperature > 0,
-            "top_k": self.top_k >= 0,
-            "top_p": 0 < self.top_p <= 1,
-            "weight_decay": self.weight_decay >= 0,
-            "dtype": self.dtype in DTYPES,
-            "device": self.device == "cpu" or self.device.split(":")[0] == "cuda",
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"trainer config: invalid {', '.join(bad)} in {self}")
-
+from pearl.live.trainer_config import TrainerConfig
+from pearl.models.config import ModelConfig
+from pearl.models.devices import torch_device, torch_dtype
+from pearl.models.loader import build_model, load_model, load_state_dict, read_safetensors_folder
 
 COLLECTIVE_TIMEOUT_S = 120
 """How long a trainer process waits in a collective for the others (one that died)."""
-
-
-@dataclass(slots=True, frozen=True)
-class _LossTerms:
-    """A batch's terms of the GRPO loss, fixed before any sample is scored
-    (``GRPOTrainer._loss_terms``)."""
-
-    advantage: torch.Tensor  # per sample
-    weights: torch.Tensor | None  # per sample (None: token-mean)
-    divisor: float
-    clip: tuple[float, float]  # (low, high)
-    useful: list[int]  # the samples scored: a nonzero advantage, not masked
-    overlong: list[bool]  # masked: cut by the context limit (mask_overlong)
-    total: int  # loss tokens of the batch
-
-
-class TrainerProcessDied(RuntimeError):
-    """A trainer process died (its actor is gone; the message names Ray's error): the run
-    ends, and resumes from its last checkpoint."""
 
 
 class DeviceLentError(RuntimeError):
@@ -175,28 +81,51 @@ class _Scorer(torch.nn.Module):
         return self.model.compute_logits(hidden[batch.rows, batch.cols])
 
 
-def mini_batches(samples: list[TrainSample], count: int) -> list[list[int]]:
-    """``samples``' indices in ``count`` mini-batches of whole groups (fewer if the batch
-    has fewer groups), in the order the groups first appear, as even as groups allow."""
-    order: dict[str, list[int]] = {}
-    for i, s in enumerate(samples):
-        order.setdefault(s.group, []).append(i)
-    groups = list(order.values())
-    count = max(1, min(count, len(groups)))
-    bounds = [round(k * len(groups) / count) for k in range(count + 1)]
-    return [
-        [i for group in groups[lo:hi] for i in group]
-        for lo, hi in zip(bounds, bounds[1:], strict=False)
-    ]
+def step_metrics(
+    every: list[TrainSample],
+    kept: int,
+    totals: dict[str, float],
+    norms: list[float],
+    cfg: TrainerConfig,
+) -> dict[str, float]:
+    """What a train step reports: its updates' sums (``totals``: the loss, tokens, clipped,
+    ratios, entropy, KL and mismatch over every update) made means, and the batch's
+    rewards and lengths (``every`` sample; ``kept`` of them trained, the rest environment
+    failures)."""
+    rewards = [s.reward for s in every]
+    lengths = [sum(s.loss_mask) for s in every]
+    tokens = totals["tokens"]  # over every update
+    return {
+        "loss": totals["loss"] / max(1, len(norms)),  # the mean over updates that stepped
+        "grad_norm": float(np.mean(norms)) if norms else 0.0,
+        "updates": float(len(norms)),
+        "clip_fraction": totals["clipped"] / max(1.0, tokens),
+        "mean_ratio": totals["ratio_sum"] / tokens if tokens else math.nan,  # none scored
+        # the policy's entropy at the tokens it trained on (nats per token)
+        "entropy": totals["entropy_sum"] / tokens if tokens else math.nan,
+        # the KL estimate to the reference per trained token (kl_coef > 0 only)
+        "kl": totals["kl_sum"] / tokens if tokens and cfg.kl_coef > 0 else math.nan,
+        # |log p_trainer - log p_engine| per trained token: staleness and numerics
+        "mismatch_mean": totals["mismatch_sum"] / tokens if tokens else math.nan,
+        "mismatch_max": totals["mismatch_max"] if tokens else math.nan,
+        # the model's own tokens per trajectory (every reply of it), as peers log them
+        "response_length_mean": float(np.mean(lengths)),
+        "response_length_max": float(max(lengths)),
+        "trained_tokens": tokens / cfg.ppo_epochs,  # the batch's, once
+        "batch_tokens": totals["batch_tokens"],
+        "skipped_trajectories": float(kept) - totals["scored_trajectories"] / cfg.ppo_epochs,
+        "overlong_masked": totals["overlong_masked"],
+        "env_failures": float(len(every) - kept),
+        "reward_mean": float(np.mean(rewards)),
+        "reward_std": float(np.std(rewards)),
+        "success_rate": float(np.mean([s.success for s in every])),
+    }
 
 
 class GRPOTrainer:
     def __init__(
         self, model: ModelSpec, config: TrainerConfig | None = None, torch_threads: int = 1
     ) -> None:
-        from pearl.models.config import ModelConfig
-        from pearl.models.loader import build_model, load_model
-
         torch.set_num_threads(torch_threads)
         self.config = config or TrainerConfig()
         self.device = torch_device(self.config.device)
@@ -243,8 +172,6 @@ class GRPOTrainer:
     def rendezvous_address() -> str:
         """Called on rank 0's process: host:port where the process group meets (this
         node's address, a port free now)."""
-        import socket
-
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
@@ -254,9 +181,7 @@ class GRPOTrainer:
         """Join a ``world``-process group (gloo; rank 0 listens at ``address``) and shard
         the model and the optimizer over it (FSDP2: each decoder layer, then the rest).
         Optimizer state already loaded (a resumed checkpoint) is sharded the same way."""
-        import datetime
-
-        import torch.distributed as dist
+        import torch.distributed as dist  # the distributed pieces only where sharding
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import (
             MixedPrecisionPolicy,
@@ -430,37 +355,8 @@ class GRPOTrainer:
                     elif epoch == 0 or key not in ("batch_tokens", "overlong_masked"):
                         totals[key] = totals.get(key, 0.0) + value
         self.version += 1  # a step with nothing to learn still makes (unchanged) weights v+1
-        rewards = [s.reward for s in every]
-        lengths = [sum(s.loss_mask) for s in every]
-        tokens = totals["tokens"]  # over every update
-        return {
-            "loss": totals["loss"] / max(1, len(norms)),  # the mean over updates that stepped
-            "grad_norm": float(np.mean(norms)) if norms else 0.0,
-            "updates": float(len(norms)),
-            "clip_fraction": totals["clipped"] / max(1.0, tokens),
-            "mean_ratio": totals["ratio_sum"] / tokens if tokens else math.nan,  # none scored
-            # the policy's entropy at the tokens it trained on (nats per token)
-            "entropy": totals["entropy_sum"] / tokens if tokens else math.nan,
-            # the KL estimate to the reference per trained token (kl_coef > 0 only)
-            "kl": totals["kl_sum"] / tokens if tokens and cfg.kl_coef > 0 else math.nan,
-            # |log p_trainer - log p_engine| per trained token: staleness and numerics
-            "mismatch_mean": totals["mismatch_sum"] / tokens if tokens else math.nan,
-            "mismatch_max": totals["mismatch_max"] if tokens else math.nan,
-            # the model's own tokens per trajectory (every reply of it), as peers log them
-            "response_length_mean": float(np.mean(lengths)),
-            "response_length_max": float(max(lengths)),
-            "trained_tokens": tokens / cfg.ppo_epochs,  # the batch's, once
-            "batch_tokens": totals["batch_tokens"],
-            "skipped_trajectories": float(len(samples))
-            - totals["scored_trajectories"] / cfg.ppo_epochs,
-            "overlong_masked": totals["overlong_masked"],
-            "env_failures": float(len(every) - len(samples)),
-            "reward_mean": float(np.mean(rewards)),
-            "reward_std": float(np.std(rewards)),
-            "success_rate": float(np.mean([s.success for s in every])),
-            "seconds": time.perf_counter() - t0,
-            "memory_mb": self.peak_memory_mb(),
-        }
+        stats = step_metrics(every, len(samples), totals, norms, cfg)
+        return {**stats, "seconds": time.perf_counter() - t0, "memory_mb": self.peak_memory_mb()}
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of the training state this process holds (its shard, when sharded): the
@@ -490,8 +386,6 @@ class GRPOTrainer:
         activations and everything else it loaded)."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        import resource
-
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     def _clip_and_step(self, step: int) -> float:
@@ -517,7 +411,7 @@ class GRPOTrainer:
         take the ratio against, aligned with each sample's tokens (``score``'s output;
         default: the engine's behaviour log-probabilities, or with ``recompute_logprobs``
         the current weights')."""
-        batch = self._loss_terms(samples, advantage)
+        batch = loss_terms(samples, advantage, self.config)
         self.optimizer.zero_grad(set_to_none=True)
         # loss, tokens, clipped, ratios, entropy, kl, |trainer - engine| log-prob sum
         sums = torch.zeros(7, dtype=torch.float64)
@@ -549,42 +443,8 @@ class GRPOTrainer:
             "overlong_masked": float(sum(batch.overlong)),
         }
 
-    def _loss_terms(self, samples: list[TrainSample], advantage: list[float] | None) -> _LossTerms:
-        """What the loss of a batch needs before any sample is scored: advantages, the
-        masked trajectories, the aggregation's weights and divisor, the clip range."""
-        cfg = self.config
-        if advantage is None:
-            advantage = advantages(
-                [s.reward for s in samples],
-                [s.group for s in samples],
-                cfg.advantage_estimator,
-                cfg.scale_rewards,
-            )
-        overlong = [cfg.mask_overlong and s.stop_reason == STOP_CONTEXT_FULL for s in samples]
-        counts = [
-            0 if cut else sum(s.loss_mask[1:]) for s, cut in zip(samples, overlong, strict=True)
-        ]
-        total = sum(counts)
-        # token-mean divides the weighted sum by the batch's token count (no weights);
-        # the other modes weight each trajectory's tokens (pearl.live.grpo).
-        weights = None
-        if cfg.loss_agg_mode != "token-mean":
-            seq = sequence_weights(counts, cfg.loss_agg_mode, cfg.loss_norm_tokens)
-            weights = torch.tensor(seq, dtype=torch.float32)
-        return _LossTerms(
-            advantage=torch.tensor(advantage, dtype=torch.float32),
-            weights=weights,
-            divisor=float(max(1, total)) if weights is None else 1.0,
-            clip=(cfg.clip_eps, cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high),
-            # A trajectory whose group agreed (advantage 0) adds nothing to the loss or its
-            # gradient: it is not scored at all (the result is exactly the full batch's).
-            useful=[i for i, a in enumerate(advantage) if a != 0.0 and not overlong[i]],
-            overlong=overlong,
-            total=total,
-        )
-
     def _part_loss(
-        self, part: PackedBatch, batch: _LossTerms, old: list[list[float]] | None
+        self, part: PackedBatch, batch: LossTerms, old: list[list[float]] | None
     ) -> tuple[torch.Tensor, list[float], torch.Tensor]:
         """One packed part's loss (not yet backpropagated), what it counted (tokens,
         clipped, ratios, entropy, kl, mismatch sum) and its per-token log-prob gap between
@@ -714,11 +574,9 @@ class GRPOTrainer:
             weights = merged_weights(self.model, weights)
         meta = {"version": self.version, "steps": steps, "config": asdict(self.config)}
         if self._writer is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._pending = self._writer.submit(
-            _write_checkpoint, Path(folder), self.model.config, weights, moments, meta, adapter
+            write_checkpoint, Path(folder), self.model.config, weights, moments, meta, adapter
         )
         self._last_saved = (Path(folder), self.version)
 
@@ -735,18 +593,10 @@ class GRPOTrainer:
     def load(self, folder: str | Path) -> None:
         """Restore weights, optimizer moments and the version from ``save``'s folder (with
         LoRA: the adapters, on the base weights this trainer started from)."""
-        from safetensors.torch import load_file
-
-        from pearl.models.loader import load_state_dict, read_safetensors_folder
-
         if self.world > 1:
             raise RuntimeError("load a checkpoint before init_distributed shards the model")
         folder = Path(folder)
-        try:
-            meta = json.loads((folder / "optimizer" / "trainer.json").read_text())
-            moments = load_file(str(folder / "optimizer" / "moments.safetensors"))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{folder}: not a trainer checkpoint ({exc})") from None
+        meta, moments = read_checkpoint(folder)
         named = dict(self.model.named_parameters())
         if self.adapted:
             try:
@@ -772,151 +622,3 @@ class GRPOTrainer:
                 "exp_avg_sq": moments[f"{name}:exp_avg_sq"].to(self.device),
             }
         self.version = int(meta["version"])
-
-
-def _write_checkpoint(
-    folder: Path,
-    config: Any,
-    weights: dict[str, torch.Tensor],
-    moments: dict[str, torch.Tensor],
-    meta: dict[str, Any],
-    adapter: tuple[dict[str, torch.Tensor], str] | None = None,
-) -> None:
-    """``GRPOTrainer.save``'s files from a snapshot: a model folder engines can load, with
-    the optimizer in a subfolder (and LoRA's adapters in ``adapter/``, PEFT's format);
-    whole or not at all (``<folder>.tmp``, fsync'd, then renamed; removed on failure).
-    A full disk raises the ``OSError`` (the run says which disk); anything else
-    ``CheckpointError``."""
-    from safetensors.torch import save_file
-
-    from pearl.durable_files import disk_full_error, folder_written_whole
-    from pearl.models.loader import save_state
-
-    try:
-        with folder_written_whole(folder) as tmp:
-            save_state(config, weights, tmp)
-            (tmp / "optimizer").mkdir()
-            save_file(moments, str(tmp / "optimizer" / "moments.safetensors"))
-            (tmp / "optimizer" / "trainer.json").write_text(json.dumps(meta, indent=1))
-            if adapter is not None:
-                (tmp / "adapter").mkdir()
-                save_file(adapter[0], str(tmp / "adapter" / "adapter_model.safetensors"))
-                (tmp / "adapter" / "adapter_config.json").write_text(adapter[1])
-    except Exception as exc:  # disk full, no permission, a file where a folder should be
-        what = f"checkpoint {folder} (weights v{meta['version']}) could not be written"
-        full = disk_full_error(exc)
-        if full is not None:  # safetensors' own error says it only in words: an OSError
-            error = OSError(full.errno, f"{what}: {full.strerror}", full.filename or str(folder))
-            raise error from exc
-        raise CheckpointError(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-class LiveTrainer:
-    """The control plane's handle on the trainer: one ``GRPOTrainer`` actor, or
-    ``processes`` of them sharing each step (FSDP2 over gloo; rank 0 publishes the weights
-    and writes checkpoints). Keeps the newest weights in Ray's object store for the rollout
-    workers (``weights_ref``)."""
-
-    def __init__(
-        self,
-        model: ModelSpec,
-        config: TrainerConfig,
-        torch_threads: int = 1,
-        placement: Placement | None = None,
-        processes: int = 1,
-    ):
-        import ray
-
-        options = (placement or Placement()).trainer_options()
-        cls = ray.remote(GRPOTrainer).options(**options)
-        self.actors = [cls.remote(model, config, torch_threads) for _ in range(processes)]
-        self.actor = self.actors[0]
-        self.location: dict[str, Any] | None = None  # rank 0's node, once started
-        self.locations: list[dict[str, Any]] = []  # every process's
-        self._version = 0
-        self.weights_ref: Any = None  # ObjectRef of (version, weights) of ``_version``
-        self.history: list[dict[str, float]] = []
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    async def _all(self, method: str, *args) -> list[Any]:
-        """``method`` on every process (a collective when sharded); their answers."""
-        return await _gather([getattr(a, method).remote(*args) for a in self.actors])
-
-    async def start(self, resume: str | None = None) -> None:
-        self.locations = await self._all("where")
-        self.location = self.locations[0]
-        if resume is not None:
-            await self._all("load", resume)
-        if len(self.actors) > 1:
-            address = await self.actor.rendezvous_address.remote()
-            world = len(self.actors)
-            await asyncio.gather(
-                *(a.init_distributed.remote(r, world, address) for r, a in enumerate(self.actors))
-            )
-        self._version, _ = await self._publish()
-
-    async def _publish(self) -> tuple[int, Any]:
-        refs = [a.weights.remote() for a in self.actors]
-        self.weights_ref = refs[0]
-        (version, _), *_ = await _gather(refs)
-        return version, self.weights_ref
-
-    async def train_step(self, batch: TrainBatch) -> TrainMetrics:
-        started = time.time()
-        stats = (await self._all("train_step", batch))[0]
-        self._version, _ = await self._publish()
-        self.history.append(stats)
-        return TrainMetrics(
-            batch.step, self._version, started, time.time(), int(stats["trained_tokens"]), stats
-        )
-
-    async def release_device(self) -> None:
-        await self._all("release_device")
-
-    async def restore_device(self) -> None:
-        await self._all("restore_device")
-
-    async def save(self, folder: str, background: bool = False) -> None:
-        """Write a checkpoint; ``background``: return once it is snapshotted, while the
-        trainer writes it (``flush`` waits for it)."""
-        await self._all("save_async" if background else "save", folder)
-
-    async def flush(self) -> None:
-        await self._all("flush")
-
-    def kill(self) -> None:
-        import ray
-
-        for actor in self.actors:
-            ray.kill(actor)
-
-
-DEATH_GRACE_S = 10.0
-"""How long, once one trainer process failed, to wait for the others' answers: when a
-process dies, the survivors fail in their collectives first, and the death is the news."""
-
-
-async def _gather(refs: list[Any]) -> list[Any]:
-    """Await the processes' ``refs``. If one fails, the failure reported is a process's
-    death when any process died (``TrainerProcessDied``, which ends the run with the resume
-    command), not a survivor's broken collective."""
-    from ray.exceptions import RayActorError
-
-    async def one(ref: Any) -> Any:
-        return await ref
-
-    tasks = [asyncio.ensure_future(one(r)) for r in refs]
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    failed = [t.exception() for t in done if t.exception() is not None]
-    if not failed:
-        return [t.result() for t in tasks]
-    if pending:
-        late, _ = await asyncio.wait(pending, timeout=DEATH_GRACE_S)
-        failed += [t.exception() for t in late if t.exception() is not None]
-    deaths = [e for e in failed if isinstance(e, RayActorError)]
-    if deaths:
-        raise TrainerProcessDied(type(deaths[0]).__name__) from deaths[0]
-    raise failed[0]

@@ -24,7 +24,7 @@ from pearl.engine.config import EngineConfig
 from pearl.errors import EngineStateError
 from pearl.live.cluster import Placement
 from pearl.live.server import ModelSpec
-from pearl.live.trainer import LiveTrainer
+from pearl.live.trainer_handle import LiveTrainer
 from pearl.live.worker import LiveKVMover, LiveWorker, server_class
 from pearl.models.config import ModelConfig
 

@@ -34,7 +34,7 @@ from pearl.report.progress import Progress
 from pearl.report.tensorboard import ScalarLog
 
 if TYPE_CHECKING:
-    from pearl.live.trainer import TrainerConfig
+    from pearl.live.trainer_config import TrainerConfig
 
 
 class TrainRun:
@@ -191,7 +191,7 @@ class _LiveRun:
         from pearl.engine.config import EngineConfig
         from pearl.live.cluster import Placement
         from pearl.live.server import ModelSpec
-        from pearl.live.trainer import LiveTrainer
+        from pearl.live.trainer_handle import LiveTrainer
         from pearl.live.world import LiveWorld, cpu_prior
 
         self.run, self.cfg, self.resume = run, run.cfg, resume
@@ -399,7 +399,7 @@ class _LiveRun:
     async def train(self, stop: _StopOnSignals) -> dict[str, Any]:
         """Evaluate, run the RL steps, save, evaluate again; the run's summary."""
         from pearl.control.pipeline import PipelineConfig
-        from pearl.live.trainer import TrainerProcessDied
+        from pearl.live.trainer_handle import TrainerProcessDied
 
         cfg = self.cfg
         before = await self.evaluate("before")
@@ -600,7 +600,7 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
     """What the trainer processes are given: the trainer section, and the rollout's
     sampling (the behaviour log-probabilities' distribution)."""
     from pearl.live.lora import LoRAConfig
-    from pearl.live.trainer import TrainerConfig  # noqa: F811 (torch only where it runs)
+    from pearl.live.trainer_config import TrainerConfig  # noqa: F811 (torch only where it runs)
 
     t = cfg.trainer
     return TrainerConfig(
