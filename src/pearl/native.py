@@ -99,6 +99,8 @@ def _missing_tools() -> str | None:
     """What building needs and this environment lacks (None: nothing)."""
     if importlib.util.find_spec("mypyc") is None:
         return "mypyc is not installed (it comes with mypy: pip install mypy)"
+    if importlib.util.find_spec("setuptools") is None:  # not in a venv since Python 3.12
+        return "setuptools is not installed (mypyc builds with it: pip install setuptools)"
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         return f"no C compiler ({compiler!r} is not on PATH)"
