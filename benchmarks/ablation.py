@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from pearl.apps.paper.ablation import PAPER_FIG7_PCT, RUNGS, relative_to_roll, run_ladder
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 from pearl.report.tables import time_table, topology_at
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,8 +25,8 @@ import json
 import time
 from pathlib import Path
 
-from pearl.apps.train.config import load_train_config
 from pearl.apps.train.run import TrainRun
+from pearl.config.train import load_train_config
 
 SIDES = ("built-in", "agent")
 

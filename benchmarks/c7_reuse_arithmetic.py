@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.apps.sim_build import build_cost_model, engine_config
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 from pearl.control.deployment import Deployment
 from pearl.engine.scheduler import SchedulerOutput
 from pearl.sim.costmodel import CostModel

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from pearl.apps.experiment import run_experiment
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 
 TARGET_WALL_S = 120.0
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "headline.yaml"

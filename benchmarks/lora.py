@@ -22,8 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
-from pearl.apps.train.config import load_train_config
 from pearl.apps.train.run import TrainRun
+from pearl.config.train import load_train_config
 
 
 def run(name: str, overrides: list[str]) -> dict:

@@ -51,8 +51,8 @@ def run_losing_a_node(
     """``pearl train`` joined to ``cluster`` (run folder ``folder``); the node of a random
     rollout worker is removed once ``lose_at`` steps are trained. The run's output, with
     ``lost`` = {node_id, after_steps} (empty if the run ended first)."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     lost: dict[str, Any] = {}
 
@@ -113,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
 
     cfg = load_train_config(None, args.overrides)
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size

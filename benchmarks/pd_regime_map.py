@@ -24,7 +24,7 @@ from pathlib import Path
 from pearl.apps.paper.ratio_selection import StepSelection
 from pearl.apps.regime_map import KNOBS, Cell, evaluate_cell, heatmap
 from pearl.apps.sim_build import build_cost_model, engine_config
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 from pearl.workloads.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from statistics import median
 
 from pearl.apps.paper.ratio_selection import model_accuracy, select_and_replay
 from pearl.apps.sim_build import build_cost_model, engine_config
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 from pearl.control.decision import DecisionConfig
 from pearl.workloads.profiles import get_profile
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pearl.apps.paper.regime import RegimeSetting, fit_c4_c5, measure
 from pearl.apps.sim_build import build_cost_model, engine_config
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 from pearl.errors import ConfigError
 from pearl.sim.costmodel import CostConstants
 from pearl.workloads.profiles import (

@@ -75,7 +75,7 @@ def result_digest(result: dict) -> str:
 def one_step(model: str, workers: int, trace: str) -> dict:
     """One pearl RL step of ``8 * workers`` trajectories on ``workers`` TP2 workers."""
     from pearl.apps.experiment import run_one
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
 
     batch = 8 * workers
     cfg = load_simulate_config(
@@ -120,7 +120,7 @@ def many_steps(policy: str, duration_s: float, trace: str = "segment2") -> dict:
     segment name or an availability CSV): steps run and the process's peak memory (a
     finished step keeps only its counts)."""
     from pearl.apps.experiment import run_one
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
 
     cfg = load_simulate_config(CONFIG, [f"rl.duration_s={duration_s}"])
     start = time.perf_counter()
@@ -138,7 +138,7 @@ def many_steps(policy: str, duration_s: float, trace: str = "segment2") -> dict:
 def decision_latency_ms(model: str, workers: int = 1024, repeat: int = 20) -> float:
     """Median seconds of one ``decide`` call for ``workers`` workers (prior parameters)."""
     from pearl.apps.sim_build import build_setting
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
     from pearl.control.decision import DecisionConfig, decide
     from pearl.sim.world import prior_params
 

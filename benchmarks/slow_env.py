@@ -49,8 +49,8 @@ SIDES: dict[str, list[str]] = {
 
 def run_side(side: str, runs: Path, overrides: list[str], config: Path) -> dict[str, Any]:
     """One ``pearl train`` run of ``side`` (its folder ``runs/side``), read back."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     # Each side starts its own runtime (PEARL's needs a slot more); ray is not imported
     # here before PEARL has set up the first one (loopback only).

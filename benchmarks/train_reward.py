@@ -21,8 +21,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pearl.apps.train.config import load_train_config
 from pearl.apps.train.run import TrainRun
+from pearl.config.train import load_train_config
 
 
 def main() -> None:

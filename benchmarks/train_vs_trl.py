@@ -49,8 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pearl.apps.train.config import load_train_config
 from pearl.apps.train.run import TrainRun
+from pearl.config.train import load_train_config
 from pearl.envs import make_env, split_seed
 from pearl.models.catalog import resolve_model
 

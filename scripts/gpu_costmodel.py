@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from pearl.apps.sim_build import build_cost_model
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 from pearl.sim.costmodel import CostModel, IterationWork
 from pearl.sim.hardware import GPU_CATALOG, GPUSpec, get_gpu
 from pearl.sim.shapes import CATALOG_CONFIGS, ModelShape, load_model_shape

@@ -47,7 +47,8 @@ ALLOWED: dict[str, set[str]] = {
         "errors",
     },
     "processes": {"native"},  # the processes PEARL starts for runs, and their environment
-    "config": {"control", "workloads", "errors", "redaction"},
+    # the programs' schemas: train's checks a backend's capabilities (pearl.live.worker)
+    "config": {"control", "workloads", "errors", "redaction", "live"},
     "report": {"control", "durable_files", "errors", "redaction"},
     "apps": {
         "agents",

@@ -64,7 +64,7 @@ def test_trl_multi_turn_side_gets_the_same_tool_and_prompts():
 def test_the_dr_grpo_variant_sets_the_same_loss_on_both_sides(task):
     """``--variant dr_grpo``: TRL's loss_type and scaling, and PEARL's overrides that
     tests/live/test_grpo_vs_trl.py pairs with them (normalizer: TRL's completion cap)."""
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
 
     bench = load("train_vs_trl")
     settings = {"variant": "dr_grpo", "max_new_tokens": bench.TURN_TOKENS}

@@ -356,8 +356,10 @@ def test_an_availability_trace_that_starts_late_or_ends_early_is_reported(tmp_pa
 
 @pytest.mark.parametrize("kind", ["rollout", "rl", "train", "plan"])
 def test_config_show_prints_every_default_with_its_meaning_as_a_loadable_config(kind, tmp_path):
-    from pearl.apps.train.config import TrainConfig
-    from pearl.config import PlanConfig, RLExperimentConfig, SimulateConfig, load_config
+    from pearl.config.loading import load_config
+    from pearl.config.plan import PlanConfig
+    from pearl.config.simulate import RLExperimentConfig, SimulateConfig
+    from pearl.config.train import TrainConfig
 
     result = CliRunner().invoke(app, ["config", "show", kind])
     assert result.exit_code == 0, result.output

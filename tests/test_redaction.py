@@ -3,8 +3,9 @@ run asks for them again instead of running with the marker as a key."""
 
 import pytest
 
-from pearl.apps.train.config import load_train_config
-from pearl.config import ConfigError, dump_config
+from pearl.config.loading import dump_config
+from pearl.config.train import load_train_config
+from pearl.errors import ConfigError
 from pearl.redaction import REDACTED, is_secret_key, redact_secrets
 from pearl.report.run_folder import RunFolder
 
@@ -172,7 +173,7 @@ def test_the_resume_command_takes_the_agent_key_from_the_environment(tmp_path, m
     secrets as overrides. Run as printed, it loads and serves with the key."""
     import shlex
 
-    from pearl import config as config_module
+    from pearl.config import loading as config_module
     from pearl.agents.plugin import API_KEY_ENV, AgentOptions
     from pearl.apps.train.run import resume_command
 

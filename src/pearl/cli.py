@@ -91,7 +91,7 @@ def _config_keys(fields: dict) -> str:
 
 
 def _simulate_help() -> str:
-    from pearl.config import RLExperimentConfig, SimulateConfig
+    from pearl.config.simulate import RLExperimentConfig, SimulateConfig
 
     rollout = SimulateConfig.model_fields
     rl_only = {k: v for k, v in RLExperimentConfig.model_fields.items() if k not in rollout}
@@ -138,7 +138,7 @@ def simulate(
     ``kind: rl`` (e.g. configs/headline.yaml): whole RL runs of every policy on every
     availability segment, with a throughput table.
     """
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
 
     with _simulated_run_exits():
         cfg = load_simulate_config(config, list(ctx.args))
@@ -166,8 +166,8 @@ def train(
 ) -> None:
     """Asynchronous multi-turn GRPO on a real model, live; extra args are key=value overrides
     (e.g. run.steps=5 rollout.workers=2 env.name=guess); every key: pearl config show train."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
     from pearl.durable_files import disk_full_error, disk_full_message, recover_folder
     from pearl.errors import PearlError, RunStopped
 
@@ -259,13 +259,15 @@ def config_show(
 ) -> None:
     """Print a command's defaults as YAML, each key with what it means and its bounds
     (save it, edit it, pass it with --config)."""
-    from pearl.config import PlanConfig, RLExperimentConfig, SimulateConfig, annotated_defaults
+    from pearl.config.loading import annotated_defaults
+    from pearl.config.plan import PlanConfig
+    from pearl.config.simulate import RLExperimentConfig, SimulateConfig
 
     if kind not in CONFIG_KINDS:
         typer.echo(f"error: unknown config {kind!r}; valid: {', '.join(CONFIG_KINDS)}", err=True)
         raise typer.Exit(code=2)
     if kind == "train":
-        from pearl.apps.train.config import TrainConfig
+        from pearl.config.train import TrainConfig
 
         model: type = TrainConfig
     else:

@@ -38,8 +38,8 @@ def test_off_loopback_without_a_key_the_error_names_the_environment_variable(mon
 def test_a_run_with_the_key_in_the_environment_keeps_it_off_argv_and_config(tmp_path):
     """A process given the key in ``PEARL_AGENT_API_KEY`` serves off loopback with it while
     its command line holds no key, and the run's config (config.yaml, W&B) has none."""
-    from pearl.apps.train.config import load_train_config
-    from pearl.config import dump_config
+    from pearl.config.loading import dump_config
+    from pearl.config.train import load_train_config
 
     overrides = [
         "env.name=agent",

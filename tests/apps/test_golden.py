@@ -35,7 +35,7 @@ import pytest
 
 from pearl.apps.experiment import run_experiment
 from pearl.apps.simulate import run_simulate
-from pearl.config import load_simulate_config
+from pearl.config.simulate import load_simulate_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from pearl.apps.plan import Point, expected_work, mark_frontier, price
 from pearl.cli import app
-from pearl.config import PlanConfig
+from pearl.config.plan import PlanConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

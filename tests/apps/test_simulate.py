@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from pearl.apps.sim_build import build_batch, build_cost_model
 from pearl.apps.simulate import SimulateOutcome, run_simulate
 from pearl.cli import app
-from pearl.config import SimulateConfig, load_config
+from pearl.config.loading import load_config
+from pearl.config.simulate import SimulateConfig
 from pearl.control.agent_loop import session_id_of
 from pearl.control.deployment import Deployment
 from pearl.errors import ConfigError

@@ -19,11 +19,11 @@ from reportparse import parse_report
 from tiny_model import tiny_chat_model
 from wandb_records import history
 
-from pearl.config import ConfigError
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.episode import EpisodeBatch, run_episode_batch
 from pearl.control.interfaces import AsyncioClock
 from pearl.control.router import Router
+from pearl.errors import ConfigError
 from pearl.models.chat import ChatFormat
 from pearl.models.tokenizer import Tokenizer
 
@@ -61,8 +61,8 @@ def ray_runtime():
 def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray_runtime):
     import asyncio
 
-    from pearl.apps.train.config import TrainConfig
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import TrainConfig
     from pearl.engine.config import EngineConfig
     from pearl.live.server import ModelSpec
     from pearl.live.worker import LiveWorker
@@ -123,8 +123,8 @@ def test_episodes_record_masks_and_logprobs_of_the_models_tokens(chat_model, ray
 
 
 def test_pearl_train_runs_steps_checkpoints_and_resumes(chat_model, tmp_path, ray_runtime):
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -187,8 +187,8 @@ def test_overlapping_batches_roll_out_beside_each_other_within_the_staleness_bou
     """``run.overlap_batches``: batch i + 1 starts as soon as its weights are there, while
     batch i still runs (continuous asynchronous generation), and no batch trains on
     weights older than the bound."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -220,8 +220,8 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
     """The control plane's composition over live actors: an elastic pool starts with a
     preemptible worker and loses it mid-run (urgent shrink: cut turns resume elsewhere), and
     the trainer's slot is borrowed between updates (PEARL, ungated)."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -255,8 +255,8 @@ def test_live_pearl_borrows_the_trainers_slot_and_absorbs_a_preemptible_worker(
 
 
 def run_with_kills(chat_model, tmp_path, steps: int, every_s: float):
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -305,8 +305,8 @@ def test_twenty_worker_kills_lose_or_duplicate_no_trajectory(chat_model, tmp_pat
 def test_borrowing_lends_the_slot_of_a_trainer_of_two_processes(chat_model, tmp_path, ray_runtime):
     """PEARL borrows between updates while the trainer is two FSDP2 processes: both are
     released and restored each round, and every step trains."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -328,7 +328,7 @@ def test_borrowing_lends_the_slot_of_a_trainer_of_two_processes(chat_model, tmp_
 
 
 def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
 
     with pytest.raises(ConfigError, match="rloo is not scaled.*scale_rewards: none"):
         load_train_config(None, ["trainer.advantage_estimator=rloo"])
@@ -367,7 +367,7 @@ def test_loss_variants_that_do_not_go_together_are_refused_with_what_would_do():
 
 
 def test_a_static_pd_split_on_a_pool_that_can_never_split_is_refused():
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
 
     with pytest.raises(ConfigError, match="needs at least 2 rollout workers.*rollout.workers=2"):
         load_train_config(None, ["cluster.policy=static-pd"])
@@ -380,7 +380,7 @@ def test_a_static_pd_split_on_a_pool_that_can_never_split_is_refused():
 
 
 def test_train_config_errors_name_the_key():
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
 
     with pytest.raises(ConfigError, match="rollout.group_size"):
         load_train_config(None, ["rollout.group_size=1"])
@@ -406,8 +406,8 @@ def test_a_bfloat16_run_trains_with_bfloat16_engines_and_a_mixed_precision_train
     steps in mixed precision, and the run folder records both settings."""
     import yaml
 
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -432,7 +432,7 @@ def test_shipped_train_config_validates(monkeypatch):
     from pathlib import Path
 
     from pearl.agents.plugin import AgentOptions
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
     from pearl.envs import make_env
 
     root = Path(__file__).resolve().parents[2]
@@ -752,8 +752,8 @@ def test_top_p_and_top_k_sample_rollouts_and_score_them_in_the_trainer(
     """``rollout.top_p`` / ``rollout.top_k`` reach the engines and the trainer: step 0 trains
     the weights that sampled, under the same truncated distribution, so its mean ratio is 1
     (an environment whose reward varies within a group, so tokens are scored)."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     parity_env(tmp_path, monkeypatch)
     overrides = [
@@ -787,8 +787,8 @@ def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(
     """A ``module:Class`` environment that raises on one task and hangs on another: those
     episodes end with reward 0 (env_error / env_timeout events), are not trained on, and
     the run finishes its steps."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     (tmp_path / "flaky_env.py").write_text(
         "import asyncio\n"
@@ -841,8 +841,8 @@ def test_a_failing_environment_ends_its_episodes_and_the_run_goes_on(
 def test_zero_steps_only_evaluates_the_model(chat_model, tmp_path, ray_runtime):
     """``run.steps=0``: the held-out evaluation of ``model.name`` alone (how a checkpoint
     or another trainer's model is scored): no step, no checkpoint."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -864,8 +864,8 @@ def test_a_chat_template_that_cannot_lay_out_the_tools_fails_before_any_actor(ch
     ``tools`` but does not end in a ChatML assistant header: refused up front."""
     import shutil
 
-    from pearl.apps.train.config import TrainConfig
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import TrainConfig
 
     folder = tmp_path / "model"
     shutil.copytree(chat_model, folder)
@@ -888,8 +888,8 @@ def test_an_unmodified_sdk_agent_trains_through_the_endpoint(chat_model, tmp_pat
     """``env.name=agent`` with the calculator agent on the official ``openai`` SDK: live
     engine actors answer its calls, every episode is a trajectory of its sampled ids, the
     trainer takes its steps, and the run folder counts its tool calls."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     overrides = [
         f"model.name={chat_model}",
@@ -925,8 +925,8 @@ def test_dynamic_sampling_trains_on_informative_groups_in_a_live_run(
     were rolled out, tied and trained on; the trainer's batch holds only groups whose
     rewards differ. The reward is the reply's length's parity, so pairs tie about half the
     time: steps train on the groups that differ and roll out extra rounds for the rest."""
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     parity_env(tmp_path, monkeypatch)
     overrides = [

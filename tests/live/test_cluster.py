@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from tiny_model import tiny_chat_model
 
-from pearl.config import ConfigError
+from pearl.errors import ConfigError
 
 
 def test_cluster_settings_are_checked_with_the_key_and_what_is_valid():
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
 
     ok = load_train_config(None, ["cluster.ray_address=10.0.0.1:6379"])
     assert ok.cluster.ray_address == "10.0.0.1:6379"

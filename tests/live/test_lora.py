@@ -125,7 +125,7 @@ def test_lora_config_is_checked():
         LoRAConfig(4, target_modules=("lm_head",))
     with pytest.raises(ValueError, match="rank >= 1"):
         LoRAConfig(0)
-    from pearl.apps.train.config import LORA_TARGETS
+    from pearl.config.train import LORA_TARGETS
 
     assert LORA_TARGETS == ALL_LINEAR  # the config's choices are the layers LoRA knows
 

@@ -10,13 +10,13 @@ import importlib.util
 
 import pytest
 
-from pearl.config import ConfigError
+from pearl.errors import ConfigError
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_every_policy_is_accepted_on_the_vllm_backend():
-    from pearl.apps.train.config import load_train_config
+    from pearl.config.train import load_train_config
     from pearl.control.policies import POLICIES
 
     for policy in POLICIES:  # a refusal raises ConfigError
@@ -28,8 +28,8 @@ def test_every_policy_is_accepted_on_the_vllm_backend():
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_without_vllm_installed_the_run_says_how_to_get_it(tmp_path):
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     cfg = load_train_config(None, ["rollout.backend=vllm", f"run.run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="scripts/vllm_env.sh"):
@@ -102,8 +102,8 @@ def test_a_model_or_setting_vllm_refuses_is_one_line_before_any_worker_starts(tm
     import sys
     from pathlib import Path
 
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
 
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from tiny_model import tiny_chat_model
@@ -434,8 +434,8 @@ def test_pearl_train_on_the_vllm_backend(smollm2, tmp_path, policy, env):
     weights, which vLLM installs like any others."""
     import json
 
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
     from pearl.live.cluster import ensure_ray
 
     ensure_ray(num_cpus=4)
@@ -505,8 +505,8 @@ def test_twenty_vllm_worker_kills_lose_or_duplicate_no_trajectory(smollm2, tmp_p
     12 s, as on our engine, the pool was never whole: 8 steps in 18 min, 32 kills.)"""
     import json
 
-    from pearl.apps.train.config import load_train_config
     from pearl.apps.train.run import TrainRun
+    from pearl.config.train import load_train_config
     from pearl.live.cluster import ensure_ray
 
     ensure_ray(num_cpus=4)

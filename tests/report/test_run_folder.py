@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from full_disk import fill, small_disk
 
-from pearl.config import ConfigError, load_simulate_config
+from pearl.config.simulate import load_simulate_config
+from pearl.errors import ConfigError
 from pearl.report.run_folder import RunFolder, RunFolderError
 
 

@@ -113,7 +113,7 @@ def test_profile_latencies_reach_the_simulated_world_and_the_rest_follow_the_mod
     """A profile that sets only the activation time keeps the model's other latencies, and
     the simulated world pays what the profile says (it used to ignore the section)."""
     from pearl.apps.sim_build import build_cost_model
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
 
     path = tmp_path / "slow_toggle.yaml"
     path.write_text("latencies:\n  activate_s: 180.0\n")

@@ -360,7 +360,7 @@ def test_without_cross_turn_reuse_every_turn_prefills_its_whole_prompt(schedulin
     prefix-cache hit, so the engine computes every prompt token of every turn; the default
     (``prefix``) serves the earlier turns' KV. Through the config, as ``pearl simulate``."""
     from pearl.apps.sim_build import build_batch, build_cost_model, engine_config
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
     from pearl.control.deployment import Deployment
     from pearl.sim.fixed import simulate_fixed_rollout
 
@@ -396,7 +396,7 @@ def test_without_cross_turn_reuse_every_turn_prefills_its_whole_prompt(schedulin
 def _engine_from_config(override: str) -> SimEngineConfig:
     """The engine a ``pearl simulate`` config with ``override`` builds, in blocks of 16."""
     from pearl.apps.sim_build import engine_config
-    from pearl.config import load_simulate_config
+    from pearl.config.simulate import load_simulate_config
 
     return dataclasses.replace(
         engine_config(load_simulate_config(None, [override]).sim), block_size=16

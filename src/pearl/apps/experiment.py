@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.apps.sim_build import build_setting
-from pearl.config import RLExperimentConfig, dump_config
+from pearl.config.loading import dump_config
+from pearl.config.simulate import RLExperimentConfig
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
 from pearl.processes.env import simulation_env
@@ -352,7 +353,7 @@ def write_tables_and_report(
 def rebuild_report(folder: str | Path) -> Path:
     """Figures, ``table.md`` and ``report.html`` again from a run folder's ``config.yaml`` and
     kept runs (``runs/*.json``): after an interrupted experiment, or a newer PEARL."""
-    from pearl.config import load_config
+    from pearl.config.loading import load_config
 
     folder = Path(folder)
     kept = sorted((folder / "runs").glob("*@*.json")) if (folder / "runs").is_dir() else []

@@ -27,7 +27,8 @@ from pathlib import Path
 import yaml
 
 from pearl.apps.experiment import load_segment_or_csv, run_one
-from pearl.config import PlanConfig, dump_config, load_config
+from pearl.config.loading import dump_config, load_config
+from pearl.config.plan import PlanConfig
 from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
 from pearl.processes.env import simulation_env

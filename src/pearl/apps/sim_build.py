@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pearl.config import RLExperimentConfig, SimSection, SimulateConfig
+from pearl.config.simulate import RLExperimentConfig, SimSection, SimulateConfig
 from pearl.control.decision import DecisionConfig
 from pearl.errors import ConfigError
 from pearl.sim.costmodel import CostConstants, CostModel

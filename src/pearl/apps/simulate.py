@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.apps.sim_build import build_batch, build_cost_model, check_fits, engine_config
-from pearl.config import SimulateConfig, dump_config
+from pearl.config.loading import dump_config
+from pearl.config.simulate import SimulateConfig
 from pearl.control.deployment import Deployment
 from pearl.report.run_folder import RunFolder
 from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout

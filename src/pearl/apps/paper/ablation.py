@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from pearl.apps.experiment import run_summary
 from pearl.apps.sim_build import build_setting
-from pearl.config import RLExperimentConfig
+from pearl.config.simulate import RLExperimentConfig
 from pearl.control.policies import Borrowing, PDMode, Policy, Pool
 from pearl.errors import RunsLost
 from pearl.processes.env import simulation_env

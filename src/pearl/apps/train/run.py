@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pearl.apps.train.config import TrainConfig
 from pearl.apps.train.metrics import roles_in_use, rollout_shapes, step_row, wilson_interval
 from pearl.apps.train.report import write_train_report
-from pearl.config import dump_config
+from pearl.config.loading import dump_config
+from pearl.config.train import TrainConfig
 from pearl.durable_files import disk_full_error, disk_full_message, recover_folder
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
 from pearl.redaction import redact_secrets, redacted_keys

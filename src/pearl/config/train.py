@@ -10,14 +10,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pearl.config import _Section, check_ray_address, load_config, plain_run_name
+from pearl.config.loading import Section, check_ray_address, load_config, plain_run_name
 
 
-class TrainModelSection(_Section):
+class TrainModelSection(Section):
     name: str = Field("smollm2-135m", description="catalog model or a Hugging Face folder")
 
 
-class TrainEnvSection(_Section):
+class TrainEnvSection(Section):
     name: str = Field(
         "calculator",
         description="an installed environment (calculator, guess, or one a package declares "
@@ -34,7 +34,7 @@ class TrainEnvSection(_Section):
     )
 
 
-class TrainRolloutSection(_Section):
+class TrainRolloutSection(Section):
     backend: Literal["pearl", "vllm"] = Field(
         "pearl",
         description="the rollout engine: pearl (ours) or vllm (vLLM's engine behind PEARL's "
@@ -88,7 +88,7 @@ class TrainRolloutSection(_Section):
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class TrainLoRASection(_Section):
+class TrainLoRASection(Section):
     """Low-rank adapters on the frozen model (``pearl.live.lora``); rank 0: off."""
 
     rank: int = Field(
@@ -104,7 +104,7 @@ class TrainLoRASection(_Section):
     )
 
 
-class TrainTrainerSection(_Section):
+class TrainTrainerSection(Section):
     """The GRPO step; the variants' names and sources are in ``pearl.live.grpo``."""
 
     learning_rate: float = Field(1e-5, gt=0, le=1e-2)
@@ -214,7 +214,7 @@ class TrainTrainerSection(_Section):
         return self
 
 
-class TrainRunSection(_Section):
+class TrainRunSection(Section):
     steps: int = Field(
         10,
         ge=0,
@@ -250,7 +250,7 @@ class TrainRunSection(_Section):
     _plain_name = field_validator("run_name")(plain_run_name)
 
 
-class TrainClusterSection(_Section):
+class TrainClusterSection(Section):
     policy: str = Field(
         "roll",
         description="rollout policy (pearl.control.policies): roll, rlboost, static-pd, "
@@ -320,7 +320,7 @@ class TrainClusterSection(_Section):
         return value
 
 
-class TrainLoggerSection(_Section):
+class TrainLoggerSection(Section):
     wandb: bool = Field(
         False,
         description="also log the scalars to Weights & Biases (pip install wandb); offline "
@@ -329,7 +329,7 @@ class TrainLoggerSection(_Section):
     wandb_project: str = Field("pearl", min_length=1, description="the W&B project")
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     model: TrainModelSection = Field(default_factory=TrainModelSection)
     cluster: TrainClusterSection = Field(default_factory=TrainClusterSection)
     env: TrainEnvSection = Field(default_factory=TrainEnvSection)
