@@ -1,4 +1,8 @@
-"""The ``pearl`` command."""
+"""The ``pearl`` command.
+
+Each command imports its program when it runs (the imports inside the functions below):
+``pearl --help`` and ``pearl config show`` start in ~0.5 s instead of loading torch, Ray
+and the simulator for every command."""
 
 from __future__ import annotations
 

@@ -21,20 +21,41 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pearl.agents.endpoint import AgentEndpoint
+from pearl.agents.episode import AgentEpisode
+from pearl.agents.plugin import AGENT_ENV, API_KEY_ENV, AgentOptions
 from pearl.apps.train.metrics import roles_in_use, rollout_shapes, step_row, wilson_interval
 from pearl.apps.train.report import write_train_report
 from pearl.config.loading import dump_config
 from pearl.config.train import TrainConfig
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.driver import Availability, ClusterSize, RunDriver
+from pearl.control.episode import EpisodeBatch, run_episode_batch
+from pearl.control.pipeline import PipelineConfig
+from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
+from pearl.control.state import Zone
 from pearl.durable_files import disk_full_error, disk_full_message, recover_folder
+from pearl.engine.config import EngineConfig
+from pearl.envs import split_seed
+from pearl.envs.registry import env_factory
+from pearl.envs.tools import check_tools
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
+from pearl.live.cluster import Placement, cpu_slots, ensure_ray
+from pearl.live.episodes import TextEpisode
+from pearl.live.lora import LoRAConfig
+from pearl.live.server import ModelSpec
+from pearl.live.trainer_config import TrainerConfig
+from pearl.live.trainer_handle import LiveTrainer, TrainerProcessDied
+from pearl.live.world import IterationFeed, LiveWorld, cpu_prior
+from pearl.models.catalog import resolve_model
+from pearl.models.chat import ChatFormat, turn_stop_ids
+from pearl.models.config import ModelConfig
 from pearl.redaction import redact_secrets, redacted_keys
 from pearl.report.progress import Progress
+from pearl.report.run_folder import RunFolder, default_run_name
 from pearl.report.tensorboard import ScalarLog
-
-if TYPE_CHECKING:
-    from pearl.live.trainer_config import TrainerConfig
 
 
 class TrainRun:
@@ -42,11 +63,6 @@ class TrainRun:
     actors and trains (``_LiveRun``)."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> None:
-        from pearl.agents.plugin import AGENT_ENV, AgentOptions
-        from pearl.envs.registry import env_factory
-        from pearl.models.catalog import resolve_model
-        from pearl.models.chat import ChatFormat, turn_stop_ids
-        from pearl.models.config import ModelConfig
 
         self.cfg = cfg
         self.log = log or logging.getLogger(__name__).info
@@ -79,7 +95,6 @@ class TrainRun:
         """An environment with tools gets its prompts from the model's chat template (where
         it lays out tools): rendered once now, so that a template that cannot fails here,
         before any actor starts, instead of at the first rollout."""
-        from pearl.envs.tools import check_tools
 
         if self.agent is not None:
             return  # an agent's calls bring their own tools, checked per call
@@ -93,8 +108,6 @@ class TrainRun:
     def episodes(self, split: str, first: int, tasks: int, group: int, log: Callable[[dict], None]):
         """``tasks`` x ``group`` episodes of the tasks ``first``.. of ``split``; environment
         failures go to ``log``."""
-        from pearl.envs import split_seed
-        from pearl.live.episodes import TextEpisode
 
         timeout = self.cfg.env.step_timeout_s
         out: list = []
@@ -111,7 +124,6 @@ class TrainRun:
         return out
 
     def _agent_episode(self, seed: int, group: str, log: Callable[[dict], None]):
-        from pearl.agents.episode import AgentEpisode
 
         options = self.agent
         assert options is not None and self.endpoint is not None  # started by run()
@@ -132,8 +144,6 @@ class TrainRun:
 
     async def _main(self, resume: str | None) -> dict[str, Any]:
         if self.agent is not None:
-            from pearl.agents.endpoint import AgentEndpoint
-
             options = self.agent
             self.endpoint = AgentEndpoint(
                 options.served_model,
@@ -186,13 +196,6 @@ class _LiveRun:
     """One ``pearl train`` run's actors, control plane and run folder."""
 
     def __init__(self, run: TrainRun, resume: str | None) -> None:
-        from pearl.control.driver import Availability, ClusterSize, RunDriver
-        from pearl.control.policies import Borrowing, Pool, get_policy
-        from pearl.engine.config import EngineConfig
-        from pearl.live.cluster import Placement
-        from pearl.live.server import ModelSpec
-        from pearl.live.trainer_handle import LiveTrainer
-        from pearl.live.world import LiveWorld, cpu_prior
 
         self.run, self.cfg, self.resume = run, run.cfg, resume
         cfg = self.cfg
@@ -249,7 +252,6 @@ class _LiveRun:
     def _start_ray(self, engine: Any, actors: int) -> None:
         """Ray up (or joined) with ``actors`` CPU slots, and for vLLM its release and its
         checks of the model and arguments; ``ConfigError`` if the cluster is too small."""
-        from pearl.live.cluster import cpu_slots, ensure_ray
 
         backend = self.cfg.rollout.backend
         if backend == "vllm":
@@ -268,7 +270,6 @@ class _LiveRun:
 
     def _open_folder(self) -> None:
         """The run folder (its config written) and the boards that log into it."""
-        from pearl.report.run_folder import RunFolder, default_run_name
 
         cfg = self.cfg
         name = cfg.run.run_name or default_run_name("train-")
@@ -285,7 +286,6 @@ class _LiveRun:
     def _say_when_pd_cannot_split(self) -> None:
         """A PD policy on a pool too small to split prefill and decode runs colocated: say
         so (the config refuses a static split that could never happen)."""
-        from pearl.control.policies import PDMode
 
         if self.policy.pd is PDMode.COLOCATED:
             return
@@ -337,7 +337,6 @@ class _LiveRun:
         await self.world.start_logging()
 
     def _batch(self, split: str, first: int, tasks: int, group: int):
-        from pearl.control.episode import EpisodeBatch
 
         rollout = self.cfg.rollout
         episodes = self.run.episodes(split, first, tasks, group, self.log_event)
@@ -346,7 +345,6 @@ class _LiveRun:
         )
 
     def _loop_config(self, temperature: float):
-        from pearl.control.agent_loop import AgentLoopConfig
 
         rollout = self.cfg.rollout
         return AgentLoopConfig(
@@ -360,7 +358,6 @@ class _LiveRun:
 
     async def evaluate(self, tag: str) -> dict[str, Any]:
         """Held-out success of the current weights (one episode per held-out task)."""
-        from pearl.control.episode import run_episode_batch
 
         cfg = self.cfg
         if not cfg.run.eval_tasks:
@@ -398,8 +395,6 @@ class _LiveRun:
 
     async def train(self, stop: _StopOnSignals) -> dict[str, Any]:
         """Evaluate, run the RL steps, save, evaluate again; the run's summary."""
-        from pearl.control.pipeline import PipelineConfig
-        from pearl.live.trainer_handle import TrainerProcessDied
 
         cfg = self.cfg
         before = await self.evaluate("before")
@@ -533,7 +528,6 @@ class _StepRecorder:
     iterations to the tracker and calls ``on_step``."""
 
     def __init__(self, live: _LiveRun, offset: int, progress: Progress, stop) -> None:
-        from pearl.live.world import IterationFeed
 
         self.live, self.offset, self.progress, self.stop = live, offset, progress, stop
         self.started = time.monotonic()
@@ -599,8 +593,6 @@ class _StopOnSignals:
 def trainer_config(cfg: TrainConfig) -> TrainerConfig:
     """What the trainer processes are given: the trainer section, and the rollout's
     sampling (the behaviour log-probabilities' distribution)."""
-    from pearl.live.lora import LoRAConfig
-    from pearl.live.trainer_config import TrainerConfig  # noqa: F811 (torch only where it runs)
 
     t = cfg.trainer
     return TrainerConfig(
@@ -653,7 +645,6 @@ def resume_command(cfg: TrainConfig, folder: Path, checkpoint: Path, remaining: 
     for its ``remaining`` steps. Its secrets, which the run folder does not keep, are asked
     for again: the agent endpoint's key in ``$PEARL_AGENT_API_KEY`` (an override would put
     it on the command line, which every local user can read), others as overrides."""
-    from pearl.agents.plugin import AGENT_ENV, API_KEY_ENV
 
     secrets = redacted_keys(redact_secrets(cfg.model_dump(mode="json")))
     overrides = [f"run.steps={remaining}", f"run.run_name={folder.name}-resumed"]
@@ -699,8 +690,6 @@ def _last_checkpoint(folder: Path) -> tuple[int, Path] | None:
 async def _chaos(plane, every_s: float, seed: int, log) -> None:
     """Kill a random active dedicated rollout worker's actor every ``every_s`` seconds, as a
     crash would (the control plane is not told: it must notice)."""
-
-    from pearl.control.state import Zone
 
     rng = random.Random(seed)
     killed: set[int] = set()  # handles already killed (their death may not be noticed yet)
