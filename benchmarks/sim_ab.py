@@ -84,9 +84,9 @@ def one_run(tree: Path, workers: int, model: str, env: dict[str, str]) -> dict:
 
 def tree_env(tree: Path, native: bool) -> dict[str, str]:
     """The environment ``tree`` starts its simulation processes with, on its own compiled
-    build when ``native`` (built here if missing: the cache keeps only the newest few, and a
-    base on its Python modules, ~1.5x slower, would look like a speed-up). Each side its
-    own: a setting one tree adds may mean nothing to the other."""
+    build when ``native`` (built here if missing: a worktree is not installed, and a base on
+    its Python modules, ~1.5x slower, would look like a speed-up). Each side its own: a
+    setting one tree adds may mean nothing to the other."""
     env = dict(os.environ)
     if not native:
         env["PEARL_NATIVE"] = "0"
