@@ -222,7 +222,13 @@ def native_env(environ: Mapping[str, str] | None = None, package: Path = PACKAGE
     """``{PEARL_NATIVE: "1"}`` for a process that should simulate on the compiled modules:
     when a build of the current sources exists and the user did not set ``PEARL_NATIVE=0``."""
     env = os.environ if environ is None else environ
-    if env.get(ENV) == "0" or not built(package):
+    if env.get(ENV) == "0":
+        return {}
+    if not built(package):
+        log.info(
+            "no compiled build of these sources (edited since install, or no C compiler): "
+            "simulations run the Python modules; python -m pearl.native builds it"
+        )
         return {}
     return {ENV: "1"}
 
