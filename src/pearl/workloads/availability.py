@@ -253,6 +253,62 @@ def _fail(source: str, line: int, field: str, message: str) -> TraceFormatError:
     return TraceFormatError(f"{source}:{line}: field {field}: {message}")
 
 
+def _header_unit(
+    fields: list[str], line: str, unit: TimeUnit | None, source: str, number: int
+) -> TimeUnit | None:
+    """The time unit a header line declares (checked against the caller's ``unit``)."""
+    if len(fields) != 2 or fields[1] != "available":
+        raise _fail(
+            source,
+            number,
+            "header",
+            f"expected 'time_s,available' (or time_min/time_h), got {line!r}",
+        )
+    declared = _HEADER_UNITS[fields[0]]
+    if declared is not None and unit is not None and declared is not unit:
+        raise _fail(
+            source,
+            number,
+            "header",
+            f"declares unit {declared.value!r} but the caller passed {unit.value!r}",
+        )
+    return declared or unit
+
+
+def _data_point(fields: list[str], last_time: float, source: str, number: int) -> tuple[float, int]:
+    """A data line's (time, available), checked: two fields, a finite time >= 0 that does
+    not decrease, a whole number of instances >= 0."""
+    if len(fields) != 2:
+        raise _fail(
+            source,
+            number,
+            "(line)",
+            f"expected 2 comma-separated fields 'time,available', got {len(fields)}",
+        )
+    try:
+        t = float(fields[0])
+    except ValueError:
+        raise _fail(source, number, "time", f"not a number: {fields[0]!r}") from None
+    if not math.isfinite(t) or t < 0:
+        raise _fail(source, number, "time", f"must be a finite number >= 0, got {fields[0]!r}")
+    if t < last_time:
+        raise _fail(
+            source, number, "time", f"times must not decrease: {fields[0]} after {last_time:g}"
+        )
+    try:
+        v = int(fields[1])
+    except ValueError:
+        raise _fail(
+            source,
+            number,
+            "available",
+            f"must be a whole number of instances, got {fields[1]!r}",
+        ) from None
+    if v < 0:
+        raise _fail(source, number, "available", f"must be >= 0, got {v}")
+    return t, v
+
+
 def parse_availability(
     text: str, source: str = "<string>", time_unit: TimeUnit | str | None = None
 ) -> AvailabilityTrace:
@@ -264,7 +320,6 @@ def parse_availability(
             f"time_unit {time_unit!r} is not one of {', '.join(u.value for u in TimeUnit)}"
         ) from None
     points: list[tuple[float, int]] = []
-    last_time = -math.inf
     seen_data = False
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -272,55 +327,12 @@ def parse_availability(
             continue
         fields = [f.strip() for f in line.split(",")]
         if not seen_data and fields[0] in _HEADER_UNITS:
-            if len(fields) != 2 or fields[1] != "available":
-                raise _fail(
-                    source,
-                    number,
-                    "header",
-                    f"expected 'time_s,available' (or time_min/time_h), got {line!r}",
-                )
-            declared = _HEADER_UNITS[fields[0]]
-            if declared is not None and unit is not None and declared is not unit:
-                raise _fail(
-                    source,
-                    number,
-                    "header",
-                    f"declares unit {declared.value!r} but the caller passed {unit.value!r}",
-                )
-            unit = declared or unit
-            seen_data = True  # a header may only come first
-            continue
-        seen_data = True
-        if len(fields) != 2:
-            raise _fail(
-                source,
-                number,
-                "(line)",
-                f"expected 2 comma-separated fields 'time,available', got {len(fields)}",
+            unit = _header_unit(fields, line, unit, source, number)
+        else:
+            points.append(
+                _data_point(fields, points[-1][0] if points else -math.inf, source, number)
             )
-        try:
-            t = float(fields[0])
-        except ValueError:
-            raise _fail(source, number, "time", f"not a number: {fields[0]!r}") from None
-        if not math.isfinite(t) or t < 0:
-            raise _fail(source, number, "time", f"must be a finite number >= 0, got {fields[0]!r}")
-        if t < last_time:
-            raise _fail(
-                source, number, "time", f"times must not decrease: {fields[0]} after {last_time:g}"
-            )
-        last_time = t
-        try:
-            v = int(fields[1])
-        except ValueError:
-            raise _fail(
-                source,
-                number,
-                "available",
-                f"must be a whole number of instances, got {fields[1]!r}",
-            ) from None
-        if v < 0:
-            raise _fail(source, number, "available", f"must be >= 0, got {v}")
-        points.append((t, v))
+        seen_data = True  # a header may only come first
     if not points:
         raise _fail(source, 1, "(file)", "no 'time,available' lines")
     factor = (unit or TimeUnit.SECONDS).seconds
