@@ -173,11 +173,11 @@ def test_the_resume_command_takes_the_agent_key_from_the_environment(tmp_path, m
     secrets as overrides. Run as printed, it loads and serves with the key."""
     import shlex
 
-    from pearl.config import loading as config_module
     from pearl.agents.plugin import API_KEY_ENV, AgentOptions
     from pearl.apps.train.run import resume_command
+    from pearl.config import loading as config_module
 
-    assert config_module.AGENT_KEY_ENV == API_KEY_ENV  # config.py names it in its refusal
+    assert config_module.AGENT_KEY_ENV == API_KEY_ENV  # the loader names it
     cfg = load_train_config(
         None,
         [
