@@ -91,27 +91,7 @@ class ModelConfig:
         ``for_engine`` (the live engine) the architecture must be one our decoder
         implements; without it (the simulator's cost model) any decoder-only config is
         read, MoE included, and a multimodal wrapper's ``text_config``."""
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-        outer = raw
-        if (
-            not for_engine
-            and "hidden_size" not in raw
-            and isinstance(raw.get("text_config"), Mapping)
-        ):
-            raw = raw["text_config"]
-        model_type = raw.get("model_type", outer.get("model_type"))
-        if for_engine and model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"{source}: model_type {model_type!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        if "num_local_experts" in raw and "num_experts" not in raw:
-            raise ConfigError(
-                f"{source}: MoE fields named as Mixtral's (num_local_experts) are not "
-                "supported; use Qwen3-MoE's names: num_experts, num_experts_per_tok, "
-                "moe_intermediate_size"
-            )
+        raw, model_type = _text_model(raw, source, for_engine)
 
         def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
             return _integer(raw, source, key, default, minimum)
@@ -267,6 +247,32 @@ def _number(raw: Mapping[str, Any], source: str, key: str, default: float) -> fl
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{source}: field {key!r} must be a number, got {value!r}")
     return float(value)
+
+
+def _text_model(
+    raw: Mapping[str, Any], source: str, for_engine: bool
+) -> tuple[Mapping[str, Any], Any]:
+    """The decoder's own fields (a multimodal wrapper's ``text_config`` for the simulator)
+    and its ``model_type``, refused where the engine has no decoder for it or where MoE
+    fields carry Mixtral's names."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+    outer = raw
+    if not for_engine and "hidden_size" not in raw and isinstance(raw.get("text_config"), Mapping):
+        raw = raw["text_config"]
+    model_type = raw.get("model_type", outer.get("model_type"))
+    if for_engine and model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{source}: model_type {model_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if "num_local_experts" in raw and "num_experts" not in raw:
+        raise ConfigError(
+            f"{source}: MoE fields named as Mixtral's (num_local_experts) are not "
+            "supported; use Qwen3-MoE's names: num_experts, num_experts_per_tok, "
+            "moe_intermediate_size"
+        )
+    return raw, model_type
 
 
 def _attention_heads(raw: Mapping[str, Any], source: str, for_engine: bool) -> tuple[int, int, int]:
