@@ -122,37 +122,9 @@ class InterScaleRebuilder:
         while admitting (the caller's lock on reconfigurations)."""
         if not joining:
             return True
-        snap = self.table.snapshot()
-        for slot_id, role in joining.items():
-            if snap.slot(slot_id).role is not role:
-                self.table.set_role(slot_id, role)
-        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in joining})
-        snap = self.table.snapshot()
-        starts = [
-            asyncio.ensure_future(self.factory.start(snap.slot(s), r)) for s, r in joining.items()
-        ]
-        try:
-            results = await asyncio.gather(*starts, return_exceptions=True)
-        except asyncio.CancelledError:
-            # A shrink overtook this expansion: all-or-nothing, so nothing joins.
-            self.expansions_cancelled += 1
-            for task in starts:
-                task.cancel()
-            for slot_id, task in zip(joining, starts, strict=True):
-                if task.done() and not task.cancelled() and task.exception() is None:
-                    await self.factory.stop(slot_id, task.result())
-            self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
-            raise
-        if any(isinstance(r, BaseException) for r in results):
-            self.expansions_cancelled += 1
-            for slot_id, r in zip(joining, results, strict=True):
-                if not isinstance(r, BaseException):
-                    await self.factory.stop(slot_id, r)
-            self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
+        handles = await self._start_joiners(joining)
+        if handles is None:
             return False
-        handles = {
-            s: r for s, r in zip(joining, results, strict=True) if not isinstance(r, BaseException)
-        }  # every one of them (none failed)
         # Lazy weight propagation: the newest snapshot, once the workers are up.
         version = self.weight_version()
         seconds = self.sync_seconds(len(handles))
@@ -165,10 +137,7 @@ class InterScaleRebuilder:
             # active workers): catch up before admission, so no turn runs on stale weights.
             version = await self._catch_up(handles, version, seconds)
         except asyncio.CancelledError:
-            self.expansions_cancelled += 1
-            for slot_id, worker in handles.items():
-                await self.factory.stop(slot_id, worker)
-            self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
+            await self._abandon(joining, handles)
             raise
         # Atomic admission (no other reconfiguration meanwhile): every joiner becomes active
         # in one table update; from here on the joiners are ordinary active workers.
@@ -177,6 +146,51 @@ class InterScaleRebuilder:
         finally:
             await lock.__aexit__(None, None, None)
         return True
+
+    async def _start_joiners(
+        self, joining: Mapping[SlotId, WorkerRole]
+    ) -> dict[SlotId, RolloutWorker] | None:
+        """Start ``joining`` with their roles (marked transitioning); their handles, or
+        None if any failed to start (the others stopped, all inactive again). Cancelled
+        meanwhile (a shrink overtook the expansion), the started ones are stopped too."""
+        snap = self.table.snapshot()
+        for slot_id, role in joining.items():
+            if snap.slot(slot_id).role is not role:
+                self.table.set_role(slot_id, role)
+        self.table.set_statuses({s: WorkerStatus.TRANSITIONING for s in joining})
+        snap = self.table.snapshot()
+        starts = [
+            asyncio.ensure_future(self.factory.start(snap.slot(s), r)) for s, r in joining.items()
+        ]
+        try:
+            results = await asyncio.gather(*starts, return_exceptions=True)
+        except asyncio.CancelledError:
+            # All-or-nothing: nothing joins.
+            for task in starts:
+                task.cancel()
+            started = {
+                slot_id: task.result()
+                for slot_id, task in zip(joining, starts, strict=True)
+                if task.done() and not task.cancelled() and task.exception() is None
+            }
+            await self._abandon(joining, started)
+            raise
+        handles = {
+            s: r for s, r in zip(joining, results, strict=True) if not isinstance(r, BaseException)
+        }
+        if len(handles) < len(joining):
+            await self._abandon(joining, handles)
+            return None
+        return handles
+
+    async def _abandon(
+        self, joining: Mapping[SlotId, WorkerRole], started: Mapping[SlotId, RolloutWorker]
+    ) -> None:
+        """An expansion given up: the workers it started stopped, every joiner inactive."""
+        self.expansions_cancelled += 1
+        for slot_id, worker in started.items():
+            await self.factory.stop(slot_id, worker)
+        self.table.set_statuses({s: WorkerStatus.INACTIVE for s in joining})
 
     async def _catch_up(
         self, handles: Mapping[SlotId, RolloutWorker], version: int, seconds: float
