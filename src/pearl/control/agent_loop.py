@@ -91,6 +91,24 @@ def session_id_of(trajectory: Trajectory) -> str:
     return f"{trajectory.task_id}/{trajectory.index_in_group}"
 
 
+def _collapse_window(trajectory: Trajectory, k: int, context: list[int], starts: list[int]) -> int:
+    """Before turn ``k``: where the context the previous turn saw (a prefill worker holds
+    it) stops being valid. Its end when the scaffold only appends; earlier when it
+    collapses an observation that left the observation window (SWE-agent's
+    ``last_n_observations``): that observation is cut down in ``context`` and the later
+    observations' ``starts`` move with it."""
+    diverge = len(context)
+    old = k - trajectory.observation_window if trajectory.observation_window else 0
+    if old >= 1 and trajectory.observation_shown(old, k - 1) > (
+        shown := trajectory.observation_shown(old, k)
+    ):
+        cut = trajectory.observation_shown(old, k - 1) - shown
+        diverge = starts[old] + shown
+        starts[old + 1 :] = [s - cut for s in starts[old + 1 :]]
+        del context[diverge : diverge + cut]
+    return diverge
+
+
 async def run_trajectory(
     trajectory: Trajectory,
     router: Router,
@@ -112,18 +130,7 @@ async def run_trajectory(
         observation = observation_token_ids(
             trajectory, k, config.vocab_size, config.token_seed, as_runs=config.token_runs
         )
-        # The context the previous turn saw (a prefill worker holds it) stays valid up to
-        # `diverge`: its end when the scaffold only appends; earlier when it collapses an
-        # observation that left the observation window (SWE-agent's last_n_observations).
-        diverge = len(context)
-        old = k - trajectory.observation_window if trajectory.observation_window else 0
-        if old >= 1 and trajectory.observation_shown(old, k - 1) > (
-            shown := trajectory.observation_shown(old, k)
-        ):
-            cut = trajectory.observation_shown(old, k - 1) - shown
-            diverge = starts[old] + shown
-            starts[old + 1 :] = [s - cut for s in starts[old + 1 :]]
-            del context[diverge : diverge + cut]
+        diverge = _collapse_window(trajectory, k, context, starts)
         # In place: the previous turn is over and nothing reads its request's list any more
         # (an engine copies a prompt when it admits it; a remote worker receives a copy).
         context.extend(kept_response)
@@ -134,16 +141,17 @@ async def run_trajectory(
         new = len(context) - diverge
         result.appended_tokens.append(new - kept_before)
         result.kept_tokens.append(kept_before)
-        request = TurnRequest(
-            request_id=f"{sid}/t{k}",
-            session_id=sid,
-            token_ids=context,
-            max_new_tokens=turn.response_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            seed=config.seed,
+        out = await router.run_turn(
+            TurnRequest(
+                f"{sid}/t{k}",
+                sid,
+                context,
+                turn.response_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                seed=config.seed,
+            )
         )
-        out = await router.run_turn(request)
         result.generated.append(len(out.token_ids))
         kept = turn.response_tokens_kept
         kept_response = out.token_ids[len(out.token_ids) - kept :] if kept else []
