@@ -93,6 +93,26 @@ class EpisodeBatch:
         return len(self.episodes)
 
 
+def _turn_request(
+    session_id: str, k: int, context: list[int], budget: int, config: AgentLoopConfig
+) -> TurnRequest:
+    """An episode's turn ``k``: the model answers ``context`` in up to ``budget`` tokens,
+    stopping at its end of turn, seeded per request when the run is seeded."""
+    request_id = f"{session_id}/t{k}"
+    return TurnRequest(
+        request_id=request_id,
+        session_id=session_id,
+        token_ids=context,
+        max_new_tokens=budget,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        seed=None if config.seed is None else zlib.crc32(f"{config.seed}/{request_id}".encode()),
+        ignore_eos=False,
+        stop_token_ids=config.stop_token_ids,
+    )
+
+
 async def run_episode(
     session_id: str,
     episode: Episode,
@@ -124,22 +144,7 @@ async def run_episode(
         if budget < 1:
             stop = STOP_CONTEXT_FULL
             break
-        request_id = f"{session_id}/t{k}"
-        request = TurnRequest(
-            request_id=request_id,
-            session_id=session_id,
-            token_ids=context,
-            max_new_tokens=budget,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            seed=None
-            if config.seed is None
-            else zlib.crc32(f"{config.seed}/{request_id}".encode()),
-            ignore_eos=False,
-            stop_token_ids=config.stop_token_ids,
-        )
-        out = await router.run_turn(request)
+        out = await router.run_turn(_turn_request(session_id, k, context, budget, config))
         result.turns.append(out)
         result.generated.append(len(out.token_ids))
         result.appended_tokens.append(appended)
