@@ -165,10 +165,18 @@ async def run_trajectory(
         await clock.sleep(turn.env_latency_s)
         result.env_s.append(clock.now() - env_start)
     result.context_tokens = len(context) + len(kept_response)
+    await _end_session(result, router, clock, trajectory.reward_latency_s)
+    return result
+
+
+async def _end_session(
+    result: TrajectoryResult, router: Router, clock: Clock, reward_latency_s: float
+) -> None:
+    """The trajectory's session ended and its reward computed; the reward's time counts
+    as its last environment wait."""
     env_start = clock.now()
-    await router.end_session(sid)
-    await clock.sleep(trajectory.reward_latency_s)
+    await router.end_session(result.session_id)
+    await clock.sleep(reward_latency_s)
     result.finished_at = clock.now()
     if result.env_s:
         result.env_s[-1] += result.finished_at - env_start
-    return result

@@ -137,12 +137,9 @@ async def run_episode(
     k = 0
     stop = STOP_DONE
     while True:
-        if max_turns is not None and k >= max_turns:
-            stop = STOP_MAX_TURNS
-            break
         budget = min(max_new_tokens, max_context_tokens - len(context))
-        if budget < 1:
-            stop = STOP_CONTEXT_FULL
+        if (max_turns is not None and k >= max_turns) or budget < 1:
+            stop = STOP_MAX_TURNS if max_turns is not None and k >= max_turns else STOP_CONTEXT_FULL
             break
         out = await router.run_turn(_turn_request(session_id, k, context, budget, config))
         result.turns.append(out)
