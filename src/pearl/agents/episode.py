@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pearl.agents.agent_call import start_agent
-from pearl.agents.conversation import Conversation
+from pearl.agents.conversation import Conversation, OpenTurn, Segment
 from pearl.agents.loop_watch import agent_name
 from pearl.agents.messages import ApiError, ChatRequest
 from pearl.agents.replies import Reply, make_reply
@@ -45,7 +45,7 @@ from pearl.control.episode import (
     STOP_ENV_TIMEOUT,
     STOP_MAX_TURNS,
 )
-from pearl.control.interfaces import Clock, TrainSample, TurnRequest
+from pearl.control.interfaces import Clock, TrainSample, TurnOutput, TurnRequest
 from pearl.control.router import Router
 from pearl.models.chat import ChatFormat
 
@@ -290,6 +290,34 @@ class AgentEpisode:
             self._inflight.discard(task)
 
     async def _complete(self, run: _Run, request: ChatRequest) -> tuple[Reply, list[int]]:
+        turn, tools = await self._admit(run, request)
+        room = run.max_context_tokens - len(turn.prompt)
+        if room < 1:
+            self.conversation.cancel(turn)
+            self._end(STOP_CONTEXT_FULL)
+            raise _context_exceeded(str(len(turn.prompt)), run.max_context_tokens)
+        budget = min(run.max_new_tokens, room, request.token_limit or run.max_new_tokens)
+        env_s = run.clock.now() - run.last_answer
+        try:
+            out = await run.router.run_turn(
+                self._turn_request(run.config, turn.segment, budget, turn.prompt)
+            )
+        except BaseException:
+            self.conversation.cancel(turn)
+            raise
+        truncated = out.finish_reason == "length"
+        reply = make_reply(self.chat, out.token_ids, out.logprobs, truncated, request.stops, tools)
+        self.tool_calls += len(reply.message.tool_calls or ())
+        self.malformed_calls += reply.malformed_calls
+        self.conversation.close(turn, reply.token_ids, reply.logprobs, reply.message)
+        self._record(run, turn.prompt, out, reply, env_s)
+        return reply, turn.prompt
+
+    async def _admit(
+        self, run: _Run, request: ChatRequest
+    ) -> tuple[OpenTurn, list[dict[str, Any]] | None]:
+        """Count the call against the turn budget and render its prompt: (the turn, the tools
+        offered); ``ApiError`` (the episode ended) when the budget is used or it cannot fit."""
         # Counted as calls start, not as turns end: concurrent calls must not pass the budget.
         run.calls += 1
         if run.calls > run.max_turns:
@@ -306,9 +334,7 @@ class AgentEpisode:
             raise _context_exceeded(f"at least {least}", run.max_context_tokens)
         new = self.conversation.start(request.messages, tools)
         try:
-            if (
-                request.size_bytes > RENDER_OFF_LOOP_BYTES
-            ):  # long: the other episodes go on meanwhile
+            if request.size_bytes > RENDER_OFF_LOOP_BYTES:  # long: other episodes go on meanwhile
                 turn = await asyncio.to_thread(self.conversation.render, new)
             else:
                 turn = self.conversation.render(new)
@@ -318,52 +344,39 @@ class AgentEpisode:
         if not self.takes_calls:  # it ended while the prompt was tokenized
             self.conversation.cancel(turn)
             raise episode_not_found()
-        room = run.max_context_tokens - len(turn.prompt)
-        if room < 1:
-            self.conversation.cancel(turn)
-            self._end(STOP_CONTEXT_FULL)
-            raise _context_exceeded(str(len(turn.prompt)), run.max_context_tokens)
-        budget = min(run.max_new_tokens, room, request.token_limit or run.max_new_tokens)
-        segment = turn.segment
+        return turn, tools
+
+    def _turn_request(
+        self, cfg: AgentLoopConfig, segment: Segment, budget: int, prompt: list[int]
+    ) -> TurnRequest:
+        """The engine request of a segment's next call (its seed derived from the run's)."""
         request_id = f"{self._session(segment.index)}/t{segment.calls}"
-        cfg = run.config
-        env_s = run.clock.now() - run.last_answer
-        try:
-            out = await run.router.run_turn(
-                TurnRequest(
-                    request_id=request_id,
-                    session_id=self._session(segment.index),
-                    token_ids=turn.prompt,
-                    max_new_tokens=budget,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    top_k=cfg.top_k,
-                    seed=None
-                    if cfg.seed is None
-                    else zlib.crc32(f"{cfg.seed}/{request_id}".encode()),
-                    ignore_eos=False,
-                    stop_token_ids=cfg.stop_token_ids,
-                )
-            )
-        except BaseException:
-            self.conversation.cancel(turn)
-            raise
-        truncated = out.finish_reason == "length"
-        reply = make_reply(self.chat, out.token_ids, out.logprobs, truncated, request.stops, tools)
-        self.tool_calls += len(reply.message.tool_calls or ())
-        self.malformed_calls += reply.malformed_calls
-        self.conversation.close(turn, reply.token_ids, reply.logprobs, reply.message)
+        return TurnRequest(
+            request_id=request_id,
+            session_id=self._session(segment.index),
+            token_ids=prompt,
+            max_new_tokens=budget,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seed=None if cfg.seed is None else zlib.crc32(f"{cfg.seed}/{request_id}".encode()),
+            ignore_eos=False,
+            stop_token_ids=cfg.stop_token_ids,
+        )
+
+    @staticmethod
+    def _record(run: _Run, prompt: list[int], out: TurnOutput, reply: Reply, env_s: float) -> None:
+        """Add an answered call to the episode's result and remember its context."""
         result = run.result
         if result.turns:
             result.env_s.append(env_s)
         result.turns.append(out)
         result.generated.append(len(out.token_ids))
-        appended, kept = _shape(run.last_prompt, run.last_context, turn.prompt)
+        appended, kept = _shape(run.last_prompt, run.last_context, prompt)
         result.appended_tokens.append(appended)
         result.kept_tokens.append(kept)
-        run.last_prompt, run.last_context = turn.prompt, turn.prompt + list(reply.token_ids)
+        run.last_prompt, run.last_context = prompt, prompt + list(reply.token_ids)
         run.last_answer = run.clock.now()
-        return reply, turn.prompt
 
     def _end(self, stop: str) -> None:
         """End the episode now (the agent is cancelled): ``stop`` says why."""
