@@ -120,7 +120,7 @@ def paged_attention(
     v_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Store this iteration's K/V in the cache, then attend; returns ``[T, H, D]``."""
-    kv_heads, _, block_size, head_dim = k_cache.shape
+    kv_heads, _, _, head_dim = k_cache.shape
     k_cache.view(kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.view(kv_heads, -1, head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     drows = meta.decode_rows
@@ -131,6 +131,24 @@ def paged_attention(
         k_rows.view(-1, head_dim).index_copy_(0, drows.write_index, k[ds:].reshape(-1, head_dim))
         v_rows.view(-1, head_dim).index_copy_(0, drows.write_index, v[ds:].reshape(-1, head_dim))
     out = torch.empty_like(q)
+    _attend_prefills(q, k, v, k_cache, v_cache, meta, out)
+    _attend_decodes(q, k_cache, v_cache, meta, out)
+    if drows is not None:
+        assert k_rows is not None and v_rows is not None
+        _attend_decode_rows(q, k_rows, v_rows, drows, meta.num_prefill_tokens, out)
+    return out
+
+
+def _attend_prefills(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor,
+) -> None:
+    """Each prefill chunk attends causally to its prior context and itself, into ``out``."""
     for seg in meta.prefills:
         qs, qe = seg.query_start, seg.query_end
         query = q[qs:qe].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
@@ -150,6 +168,17 @@ def paged_attention(
                 query, keys, values, attn_mask=seg.causal_mask, enable_gqa=True
             )
         out[qs:qe] = attn.squeeze(0).transpose(0, 1)
+
+
+def _attend_decodes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor,
+) -> None:
+    """The decode groups attend to their contexts gathered from the paged cache."""
+    kv_heads, _, _, head_dim = k_cache.shape
     ds = meta.num_prefill_tokens
     num_heads = q.shape[1]
     for group in meta.decode_groups:
@@ -164,19 +193,30 @@ def paged_attention(
         values = values.view(kv_heads, rows, -1, head_dim).transpose(0, 1)
         attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=group.mask)
         out[ds + group.row_start : ds + group.row_end] = attn.reshape(rows, num_heads, head_dim)
-    if drows is not None:
-        group_size = num_heads // kv_heads
-        for start, end, length, mask in drows.groups:
-            n = end - start
-            query = q[ds + start : ds + end].view(n, kv_heads, group_size, head_dim)
-            attn = F.scaled_dot_product_attention(
-                query,
-                k_rows[start:end, :, :length],  # views: no copy of the context
-                v_rows[start:end, :, :length],
-                attn_mask=mask,
-            )
-            out[ds + start : ds + end] = attn.reshape(n, num_heads, head_dim)
-    return out
+
+
+def _attend_decode_rows(
+    q: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    drows: DecodeRows,
+    ds: int,  # the first decode's token index (after the prefills')
+    out: torch.Tensor,
+) -> None:
+    """The decodes kept in per-sequence rows attend to them in place (no gather)."""
+    _, kv_heads, _, head_dim = k_rows.shape
+    num_heads = q.shape[1]
+    group_size = num_heads // kv_heads
+    for start, end, length, mask in drows.groups:
+        n = end - start
+        query = q[ds + start : ds + end].view(n, kv_heads, group_size, head_dim)
+        attn = F.scaled_dot_product_attention(
+            query,
+            k_rows[start:end, :, :length],  # views: no copy of the context
+            v_rows[start:end, :, :length],
+            attn_mask=mask,
+        )
+        out[ds + start : ds + end] = attn.reshape(n, num_heads, head_dim)
 
 
 def _gather(
