@@ -250,58 +250,82 @@ class RuntimeTracker:
         """
         its = list(self._iterations)
         cur = self.params
-        A, b, t = cur.decode_step_fixed_s, cur.decode_step_per_sequence_s, cur.prefill_s_per_token
-        out: dict[str, FittedParameter] = {}
         decode = [o for o in its if o.prefill_tokens == 0 and o.decode_sequences > 0]
         by_context = bool(decode) and all(o.decode_context_tokens > 0 for o in decode)
-        load = np.array(
-            [o.decode_context_tokens if by_context else o.decode_sequences for o in decode], float
+        step, out = _fit_decode_step(
+            decode, by_context, cur.decode_step_fixed_s, cur.decode_step_per_sequence_s
         )
-        if decode:
-            w = np.array([o.iterations for o in decode], float)
-            n = np.array([o.decode_sequences for o in decode], float)
-            y = np.array([o.seconds for o in decode])
-            per_seq = float(np.sum(w * load) / np.sum(w * n))  # mean context (or 1) per sequence
-            c = b / per_seq  # the current b in the load's units
-            samples = int(w.sum())
-            mean = float(np.sum(w * load) / w.sum())
-            spread = math.sqrt(float(np.sum(w * (load - mean) ** 2) / w.sum())) / mean
-            fitted = False
-            if len(decode) >= MIN_DECODE_SAMPLES and spread >= MIN_SPREAD:
-                sw = np.sqrt(w)
-                x = np.stack([np.ones_like(load), load], axis=1) * sw[:, None]
-                (a_fit, c_fit), *_ = np.linalg.lstsq(x, y * sw, rcond=None)
-                fitted = a_fit > 0 and c_fit > 0 and math.isfinite(a_fit + c_fit)
-            if fitted:
-                A, c = float(a_fit), float(c_fit)
-                out["decode_step_per_sequence_s"] = FittedParameter(c * per_seq, samples)
-                out["decode_step_fixed_s"] = FittedParameter(A, samples)
-            else:
-                # b is not identified: keep it, and fit A alone to what the steps took.
-                out["decode_step_per_sequence_s"] = FittedParameter(b, samples, "kept")
-                a_fit = float(np.sum(w * (y - c * load)) / w.sum())
-                if a_fit > 0:
-                    A = a_fit
-                out["decode_step_fixed_s"] = FittedParameter(
-                    A, samples, "fit" if a_fit > 0 else "kept"
-                )
-        else:
-            c = b
         prefill = [o for o in its if o.prefill_tokens > 0]
         if prefill:
-            w = np.array([o.iterations for o in prefill], float)
-            p = np.array([o.prefill_tokens for o in prefill], float)
-            rest = np.array(
-                [
-                    o.seconds
-                    - (A if o.decode_sequences else 0.0)
-                    - c * (o.decode_context_tokens if by_context else o.decode_sequences)
-                    for o in prefill
-                ]
-            )
-            t_fit = float(np.sum(w * rest * p) / np.sum(w * p * p))
-            ok = len(prefill) >= MIN_PREFILL_SAMPLES and t_fit > 0 and math.isfinite(t_fit)
-            out["prefill_s_per_token"] = FittedParameter(
-                t_fit if ok else t, int(w.sum()), "fit" if ok else "kept"
-            )
+            out["prefill_s_per_token"] = _fit_prefill(prefill, step, cur.prefill_s_per_token)
         return out
+
+
+@dataclass(slots=True, frozen=True)
+class _DecodeStepCost:
+    """A decode step's cost, ``seconds = fixed_s + per_load_s * load``, as fitted or kept."""
+
+    fixed_s: float
+    per_load_s: float  # b in the load's units: per context token when by_context
+    by_context: bool  # the load is the decoding sequences' context tokens, not their count
+
+    def load(self, o: IterationObservation) -> int:
+        """The decode load of ``o`` in this cost's units."""
+        return o.decode_context_tokens if self.by_context else o.decode_sequences
+
+
+def _fit_decode_step(
+    decode: list[IterationObservation], by_context: bool, A: float, b: float
+) -> tuple[_DecodeStepCost, dict[str, FittedParameter]]:
+    """Fit ``A + c * load`` to decode-only iterations (A alone where c is not identified)."""
+    if not decode:
+        return _DecodeStepCost(A, b, by_context), {}
+    out: dict[str, FittedParameter] = {}
+    load = np.array(
+        [o.decode_context_tokens if by_context else o.decode_sequences for o in decode], float
+    )
+    w = np.array([o.iterations for o in decode], float)
+    n = np.array([o.decode_sequences for o in decode], float)
+    y = np.array([o.seconds for o in decode])
+    per_seq = float(np.sum(w * load) / np.sum(w * n))  # mean context (or 1) per sequence
+    c = b / per_seq  # the current b in the load's units
+    samples = int(w.sum())
+    mean = float(np.sum(w * load) / w.sum())
+    spread = math.sqrt(float(np.sum(w * (load - mean) ** 2) / w.sum())) / mean
+    fitted = False
+    if len(decode) >= MIN_DECODE_SAMPLES and spread >= MIN_SPREAD:
+        sw = np.sqrt(w)
+        x = np.stack([np.ones_like(load), load], axis=1) * sw[:, None]
+        (a_fit, c_fit), *_ = np.linalg.lstsq(x, y * sw, rcond=None)
+        fitted = a_fit > 0 and c_fit > 0 and math.isfinite(a_fit + c_fit)
+    if fitted:
+        A, c = float(a_fit), float(c_fit)
+        out["decode_step_per_sequence_s"] = FittedParameter(c * per_seq, samples)
+        out["decode_step_fixed_s"] = FittedParameter(A, samples)
+    else:
+        # b is not identified: keep it, and fit A alone to what the steps took.
+        out["decode_step_per_sequence_s"] = FittedParameter(b, samples, "kept")
+        a_fit = float(np.sum(w * (y - c * load)) / w.sum())
+        if a_fit > 0:
+            A = a_fit
+        out["decode_step_fixed_s"] = FittedParameter(A, samples, "fit" if a_fit > 0 else "kept")
+    return _DecodeStepCost(A, c, by_context), out
+
+
+def _fit_prefill(
+    prefill: list[IterationObservation], step: _DecodeStepCost, t: float
+) -> FittedParameter:
+    """``t_prefill``: what iterations with prefill took beyond their decode step, per token."""
+    w = np.array([o.iterations for o in prefill], float)
+    p = np.array([o.prefill_tokens for o in prefill], float)
+    rest = np.array(
+        [
+            o.seconds
+            - (step.fixed_s if o.decode_sequences else 0.0)
+            - step.per_load_s * step.load(o)
+            for o in prefill
+        ]
+    )
+    t_fit = float(np.sum(w * rest * p) / np.sum(w * p * p))
+    ok = len(prefill) >= MIN_PREFILL_SAMPLES and t_fit > 0 and math.isfinite(t_fit)
+    return FittedParameter(t_fit if ok else t, int(w.sum()), "fit" if ok else "kept")
