@@ -25,6 +25,29 @@ def _rng(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
 
 
+def _draw_turn(
+    profile: AgenticProfile,
+    rng: np.random.Generator,
+    prompt_tokens: int | None,
+    image_tokens: int,
+) -> tuple[int, int, int, float]:
+    """A turn's observation (``prompt_tokens`` on the first), response, kept and env latency."""
+    # Every quantity is drawn before the caller decides whether the turn fits, so a turn's
+    # values do not depend on the context cap (changing the cap only truncates).
+    if prompt_tokens is not None:
+        observation = prompt_tokens
+    else:
+        observation = _tokens(profile.observation_tokens, rng, 1) + image_tokens
+    response = _tokens(profile.response_tokens, rng, 1)
+    kept = response
+    if profile.kept_response_tokens is not None:
+        kept = min(response, _tokens(profile.kept_response_tokens, rng, 1))
+    latency = profile.env_latency_s.sample(rng)
+    if profile.env_timeout_s is not None:
+        latency = min(latency, profile.env_timeout_s)
+    return observation, response, kept, latency + profile.env_overhead_s
+
+
 def _trajectory(
     profile: AgenticProfile,
     rng: np.random.Generator,
@@ -47,21 +70,9 @@ def _trajectory(
         if window is not None and k - window >= 1:  # an observation leaves the window
             old = turns[k - window].observation_tokens
             context -= old - min(old, stub)
-        # Draw every quantity of a turn before deciding whether it fits, so a turn's
-        # values do not depend on the context cap (changing the cap only truncates).
-        if k == 0:
-            observation = prompt_tokens
-        else:
-            observation = _tokens(profile.observation_tokens, rng, 1) + image_tokens
-        response = _tokens(profile.response_tokens, rng, 1)
-        kept = response
-        if profile.kept_response_tokens is not None:
-            kept = min(response, _tokens(profile.kept_response_tokens, rng, 1))
-        latency = profile.env_latency_s.sample(rng)
-        if profile.env_timeout_s is not None:
-            latency = min(latency, profile.env_timeout_s)
-        latency += profile.env_overhead_s
-
+        observation, response, kept, latency = _draw_turn(
+            profile, rng, prompt_tokens if k == 0 else None, image_tokens
+        )
         room = max_ctx - context - observation  # tokens left to generate this turn
         if room < 1:
             stop = StopReason.MAX_CONTEXT
