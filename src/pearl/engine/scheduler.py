@@ -293,35 +293,48 @@ class Scheduler:
         """Pick this iteration's decodes and prefill chunks (see ``SchedulingMode``)."""
         if self.config.mode is SchedulingMode.SGLANG:
             return self._schedule_prefill_first(now)
-        cfg = self.config
         out = SchedulerOutput()
         scheduled: set[int] = set()
         self._preempted_now = set()
-        budget = cfg.max_num_batched_tokens
-        role = cfg.role
+        budget = self.config.max_num_batched_tokens
+        if self.config.role is not Role.PREFILL:
+            budget = self._schedule_decodes(budget, out, scheduled)
+        budget = self._continue_prefills(budget, out, scheduled)
+        self._admit_waiting(now, budget, out, scheduled)
+        return out
 
-        # 1. Decodes first: every running sequence with exactly one uncomputed token.
-        if role is not Role.PREFILL:
-            for seq in list(self.running):
-                if budget == 0:
-                    break
-                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                    continue
-                if self._reserve(seq, seq.num_tokens, scheduled):
-                    out.decodes.append(seq)
-                    scheduled.add(id(seq))
-                    budget -= 1
+    def _schedule_decodes(self, budget: int, out: SchedulerOutput, scheduled: set[int]) -> int:
+        """Decodes first: every running sequence with exactly one uncomputed token, while the
+        token budget lasts (preempting for memory). Returns the budget left."""
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
+                continue
+            if self._reserve(seq, seq.num_tokens, scheduled):
+                out.decodes.append(seq)
+                scheduled.add(id(seq))
+                budget -= 1
+        return budget
 
-        # 2. Continue chunked prefills of running sequences.
+    def _continue_prefills(self, budget: int, out: SchedulerOutput, scheduled: set[int]) -> int:
+        """Continue the running sequences' chunked prefills; returns the budget left."""
+        prefill_role = self.config.role is Role.PREFILL
         for seq in list(self.running):
             if budget == 0:
                 break
             if id(seq) in scheduled or seq.status is not SequenceStatus.RUNNING:
                 continue
-            if seq.num_uncomputed_tokens > 1 or role is Role.PREFILL:
+            if seq.num_uncomputed_tokens > 1 or prefill_role:
                 budget -= self._schedule_prefill(seq, budget, out, scheduled)
+        return budget
 
-        # 3. Admit waiting sequences while the budget and the sequence cap allow.
+    def _admit_waiting(
+        self, now: float, budget: int, out: SchedulerOutput, scheduled: set[int]
+    ) -> None:
+        """Admit waiting sequences in order while the budget, the sequence cap and memory
+        allow: a sequence with one token left decodes, the others start a prefill chunk."""
+        cfg = self.config
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
             if id(seq) in self._preempted_now:
@@ -329,7 +342,7 @@ class Scheduler:
             pinned = None
             if not seq.block_table:
                 pinned = self._attach_kv(seq)
-            if seq.num_uncomputed_tokens == 1 and role is not Role.PREFILL:
+            if seq.num_uncomputed_tokens == 1 and cfg.role is not Role.PREFILL:
                 ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
                 if ok:
                     out.decodes.append(seq)
@@ -352,7 +365,6 @@ class Scheduler:
                 break
             self._admit_head(now)
             scheduled.add(id(seq))
-        return out
 
     def _schedule_prefill_first(self, now: float) -> SchedulerOutput:
         """``sglang`` mode: a prefill-only batch if one can be formed, else a decode batch."""
@@ -362,9 +374,6 @@ class Scheduler:
         self._preempted_now = set()
         budget = min(cfg.chunked_prefill_size, cfg.max_prefill_tokens)
         role = cfg.role
-
-        def decode_ready(seq: Sequence) -> bool:
-            return seq.num_uncomputed_tokens == 1 and role is not Role.PREFILL
 
         # 1. A chunked prefill in progress continues first.
         prefill_role = role is Role.PREFILL
@@ -378,6 +387,19 @@ class Scheduler:
 
         # 2. Admit waiting sequences: prefills into this batch; sequences whose KV is all
         #    there (imported, or cached) join the running set and decode with the others.
+        self._admit_waiting_prefill_first(now, budget, out, scheduled)
+        if out.prefills or prefill_role:
+            return out
+        # 3. No prefill to run: every running sequence decodes one token.
+        self._decode_all_running(out, scheduled)
+        return out
+
+    def _admit_waiting_prefill_first(
+        self, now: float, budget: int, out: SchedulerOutput, scheduled: set[int]
+    ) -> None:
+        """``sglang`` mode's admission: prefill chunks while the budget lasts; a sequence
+        whose KV is all there joins the running set to decode with the others."""
+        cfg = self.config
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
             if id(seq) in self._preempted_now:
@@ -385,7 +407,7 @@ class Scheduler:
             pinned = None
             if not seq.block_table:
                 pinned = self._attach_kv(seq)
-            if decode_ready(seq):
+            if seq.num_uncomputed_tokens == 1 and cfg.role is not Role.PREFILL:
                 ok = self._reserve(seq, seq.num_tokens, scheduled, may_preempt=False)
             elif budget == 0:
                 self._detach_head(seq, pinned)  # waits for the next batch, its KV pinned
@@ -402,21 +424,17 @@ class Scheduler:
                 self._detach_head(seq, pinned)
                 break
             self._admit_head(now)
-        if out.prefills:
-            return out
 
-        # 3. No prefill to run: every running sequence decodes one token.
-        if role is Role.PREFILL:
-            return out
+    def _decode_all_running(self, out: SchedulerOutput, scheduled: set[int]) -> None:
+        """A decode batch: every running sequence with one token to compute (memory allowing)."""
         bs, decodes, running = self.blocks.block_size, out.decodes, SequenceStatus.RUNNING
-        for seq in list(self.running):  # hot in the simulator: decode_ready and _reserve inlined
+        for seq in list(self.running):  # hot in the simulator: the checks and _reserve inlined
             n = len(seq.token_ids)
             if seq.status is not running or n - seq.num_computed_tokens != 1:
                 continue
             if len(seq.block_table) * bs >= n or self._reserve(seq, n, scheduled):
                 decodes.append(seq)
                 scheduled.add(id(seq))
-        return out
 
     def _admit_head(self, now: float) -> None:
         """Move the head of the waiting queue (its KV reserved) into the running set."""

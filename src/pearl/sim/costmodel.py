@@ -284,6 +284,14 @@ class CostModel:
     def __post_init__(self) -> None:
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise ConfigError(f"CostModel.tp must be a positive integer, got {self.tp!r}")
+        self._derive_per_gpu()
+        self._derive_attention_bounds()
+        object.__setattr__(self, "_decode_fixed", {})
+        object.__setattr__(self, "_range", np.arange(0, dtype=np.float64))
+
+    def _derive_per_gpu(self) -> None:
+        """One GPU's share of the weights and heads, its all-reduce link, and the model
+        shape's numbers an iteration uses (fixed here: ModelShape computes them per access)."""
         m, tp = self.model, self.tp
         setattr_ = object.__setattr__
         setattr_(self, "_layer_dense_bytes", m.layer_dense_params * m.dtype_bytes / tp)
@@ -322,6 +330,12 @@ class CostModel:
         setattr_(self, "_kv_token_bytes", m.kv_bytes_per_token * self._kv_shard)
         setattr_(self, "_is_moe", m.is_moe)
         setattr_(self, "_linear_kernels", 4 * m.num_hidden_layers + 1)
+
+    def _derive_attention_bounds(self) -> None:
+        """The routed experts' extra FLOPs, and decode attention's compute and memory bounds
+        (their divisors, and the one that is larger at every context, if one is)."""
+        m, tp = self.model, self.tp
+        setattr_ = object.__setattr__
         c, g = self.constants, self.gpu
         routed = (
             m.moe_layers * m.num_experts_per_tok * m.expert_params_per_expert if m.is_moe else 0
@@ -342,8 +356,6 @@ class CostModel:
         elif kv > (1 + 1e-9) * compute:
             slope = (self._kv_token_bytes, memory)
         setattr_(self, "_attention_slope", slope)
-        setattr_(self, "_decode_fixed", {})
-        setattr_(self, "_range", np.arange(0, dtype=np.float64))
 
     # --- work ------------------------------------------------------------------------
 
