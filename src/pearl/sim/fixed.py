@@ -163,6 +163,54 @@ class FixedRolloutReport:
         return self.iterations / max(self.wall_s, 1e-9)
 
 
+@dataclass(slots=True, frozen=True)
+class _FixedRollout:
+    """One batch on a built cluster's deployment, through the changes scripted for it."""
+
+    batch: RolloutBatch
+    cluster: SimulatedCluster
+    deployment: Deployment
+    config: AgentLoopConfig
+    changes: Sequence[ScriptedChange]
+    phases: Sequence[CostModel]  # the cost model of the workers from each change on
+    wrap: Callable[[RolloutWorker], RolloutWorker] | None
+
+    async def run(self) -> BatchResult:
+        """Deploy the cluster's workers and run the batch, through the changes if any."""
+        workers = self.cluster.workers
+        seen = [self.wrap(w) for w in workers] if self.wrap is not None else list(workers)
+        router = await self.cluster.deploy(self.deployment, seen)
+        if not self.changes:
+            return await run_rollout_batch(self.batch, router, AsyncioClock(), self.config)
+
+        async def stop(handle: RolloutWorker) -> None:
+            workers[next(i for i, h in enumerate(seen) if h is handle)].close()
+
+        repricing = asyncio.ensure_future(self._reprice(asyncio.get_running_loop().time()))
+        try:
+            return await run_scripted_batch(
+                self.batch,
+                seen,
+                self.deployment.topology,
+                self.changes,
+                router.kv_mover,
+                AsyncioClock(),
+                self.config,
+                stop=stop,
+            )
+        finally:
+            repricing.cancel()
+
+    async def _reprice(self, start: float) -> None:
+        """From each change's time on, price the workers' iterations by its phase's cost model."""
+        loop = asyncio.get_running_loop()
+        in_order = sorted(zip(self.changes, self.phases, strict=True), key=lambda c: c[0].at_s)
+        for change, phase in in_order:
+            await asyncio.sleep(max(0.0, start + change.at_s - loop.time()))
+            for worker in self.cluster.workers:
+                worker.cost = phase
+
+
 def simulate_fixed_rollout(
     batch: RolloutBatch,
     cost: CostModel,
@@ -199,44 +247,20 @@ def simulate_fixed_rollout(
         on_iteration=on_iteration,
     )
     cluster.build()
+    rollout = _FixedRollout(
+        batch=batch,
+        cluster=cluster,
+        deployment=deployment,
+        config=AgentLoopConfig(vocab_size, token_seed, token_runs=token_runs),
+        changes=changes,
+        phases=list(phase_costs) or [cost] * len(changes),
+        wrap=wrap,
+    )
     loop = VirtualTimeLoop()
     wall0 = time.perf_counter()
-
-    async def main() -> BatchResult:
-        seen = [wrap(w) for w in cluster.workers] if wrap is not None else list(cluster.workers)
-        router = await cluster.deploy(deployment, seen)
-        config = AgentLoopConfig(vocab_size, token_seed, token_runs=token_runs)
-        if not changes:
-            return await run_rollout_batch(batch, router, AsyncioClock(), config)
-
-        async def stop(handle) -> None:
-            cluster.workers[next(i for i, h in enumerate(seen) if h is handle)].close()
-
-        async def reprice(start: float) -> None:
-            phases = list(phase_costs) or [cost] * len(changes)
-            for change, phase in sorted(zip(changes, phases, strict=True), key=lambda c: c[0].at_s):
-                await asyncio.sleep(max(0.0, start + change.at_s - loop.time()))
-                for worker in cluster.workers:
-                    worker.cost = phase
-
-        repricing = asyncio.ensure_future(reprice(loop.time()))
-        try:
-            return await run_scripted_batch(
-                batch,
-                seen,
-                deployment.topology,
-                changes,
-                router.kv_mover,
-                AsyncioClock(),
-                config,
-                stop=stop,
-            )
-        finally:
-            repricing.cancel()
-
     try:
         with sparse_gc():
-            result = loop.run_until_complete(main())
+            result = loop.run_until_complete(rollout.run())
     finally:
         cluster.close()
         # Let cancelled engine loops unwind before the loop closes.
