@@ -202,56 +202,14 @@ def isolation() -> Isolation:
 
 
 def _probe_isolation() -> Isolation:
+    """Starts one namespaced launcher and reads off what this machine enforces."""
     linux = sys.platform.startswith("linux")
-    reason = "this is not Linux"
-    result = None
-    if linux:
-        base = tempfile.mkdtemp(prefix="pearl-sandbox-probe-")
-        os.mkdir(f"{base}/root")
-        os.mkdir(f"{base}/files")
-        launcher = _Launcher(_config("namespaces", base, SandboxLimits()))
-        try:
-            result = launcher.receive(STARTUP_S)
-        finally:
-            _shut(launcher, base)
-        reason = (result or {}).get("error", "the launcher did not answer")
+    result, reason = _probe_launcher() if linux else (None, "this is not Linux")
     ns = bool(result and result.get("ready"))
     root = os.geteuid() == 0 if hasattr(os, "geteuid") else False
     user_ns = ns and bool(result and result.get("user_namespace"))
     shm_limit = ns and bool(result and result.get("ipc_limited"))
-    if ns:
-        how = "an unprivileged user namespace" if user_ns else "root"
-        sysv = (
-            "SysV shm is capped at memory_mb by the IPC namespace's shmall/shmmax"
-            if shm_limit
-            else "SysV shm is not capped (the IPC namespace's shm sysctls could not be set)"
-        )
-        text = (
-            f"Sandboxes are isolated with namespaces (through {how}): each command sees only "
-            "its tree and read-only system folders, has no network, runs under rlimits, and "
-            "every one of its processes is killed when it ends; the tree, /tmp and /dev/shm "
-            "share one tmpfs of disk_mb. Memory (no cgroups): RLIMIT_AS per process, and a "
-            "50 ms poll that stops a command once its processes' private and file-backed "
-            "resident pages plus the memfds and shared mappings they hold plus the SysV shm "
-            "segments exceed memory_mb; "
-            f"{sysv}, and SysV IPC objects are removed after each command. Not enforced: "
-            "memory between two polls, and CPU across processes (polled likewise)."
-        )
-    else:
-        missing = (
-            "Not enforced here: a private filesystem view (commands can read the whole host), "
-            "network isolation (commands can open sockets), a hard disk quota (the tree's size "
-            "is checked after each command; RLIMIT_FSIZE bounds each file), and killing "
-            "processes that escape the launcher's process tree."
-        )
-        if not root:
-            missing += " Writes outside the tree are not prevented (commands run as this user)."
-        enable = (
-            "Linux with unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
-            ", and no seccomp/AppArmor rule forbidding unshare) or running as root would enable"
-            " them."
-        )
-        text = f"Sandboxes cannot make namespaces ({reason}). {missing} {enable}"
+    text = _namespaced_text(user_ns, shm_limit) if ns else _unisolated_text(reason, root)
     return Isolation(
         namespaces=ns,
         user_namespace=user_ns,
@@ -264,6 +222,58 @@ def _probe_isolation() -> Isolation:
         shared_memory_limit=shm_limit,
         text=text,
     )
+
+
+def _probe_launcher() -> tuple[dict | None, str]:
+    """A namespaced launcher's first answer (None when it gave none) and the error it gave."""
+    base = tempfile.mkdtemp(prefix="pearl-sandbox-probe-")
+    os.mkdir(f"{base}/root")
+    os.mkdir(f"{base}/files")
+    launcher = _Launcher(_config("namespaces", base, SandboxLimits()))
+    try:
+        result = launcher.receive(STARTUP_S)
+    finally:
+        _shut(launcher, base)
+    return result, (result or {}).get("error", "the launcher did not answer")
+
+
+def _namespaced_text(user_ns: bool, shm_limit: bool) -> str:
+    """``Isolation.text`` where the launcher made its namespaces."""
+    how = "an unprivileged user namespace" if user_ns else "root"
+    sysv = (
+        "SysV shm is capped at memory_mb by the IPC namespace's shmall/shmmax"
+        if shm_limit
+        else "SysV shm is not capped (the IPC namespace's shm sysctls could not be set)"
+    )
+    return (
+        f"Sandboxes are isolated with namespaces (through {how}): each command sees only "
+        "its tree and read-only system folders, has no network, runs under rlimits, and "
+        "every one of its processes is killed when it ends; the tree, /tmp and /dev/shm "
+        "share one tmpfs of disk_mb. Memory (no cgroups): RLIMIT_AS per process, and a "
+        "50 ms poll that stops a command once its processes' private and file-backed "
+        "resident pages plus the memfds and shared mappings they hold plus the SysV shm "
+        "segments exceed memory_mb; "
+        f"{sysv}, and SysV IPC objects are removed after each command. Not enforced: "
+        "memory between two polls, and CPU across processes (polled likewise)."
+    )
+
+
+def _unisolated_text(reason: str, root: bool) -> str:
+    """``Isolation.text`` without namespaces: why, what is missing, what would enable it."""
+    missing = (
+        "Not enforced here: a private filesystem view (commands can read the whole host), "
+        "network isolation (commands can open sockets), a hard disk quota (the tree's size "
+        "is checked after each command; RLIMIT_FSIZE bounds each file), and killing "
+        "processes that escape the launcher's process tree."
+    )
+    if not root:
+        missing += " Writes outside the tree are not prevented (commands run as this user)."
+    enable = (
+        "Linux with unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
+        ", and no seccomp/AppArmor rule forbidding unshare) or running as root would enable"
+        " them."
+    )
+    return f"Sandboxes cannot make namespaces ({reason}). {missing} {enable}"
 
 
 def _config(mode: str, base: str, limits: SandboxLimits) -> dict:
