@@ -140,6 +140,37 @@ class Capture:
         return bytes(self.head + note + self.tail).decode("utf-8", errors="replace")
 
 
+class Running:
+    """A started command: its pid, the pipe its output comes through (kept in a Capture, up
+    to a ceiling that stops the command), and its wait status once it has exited."""
+
+    def __init__(self, pid: int, read_fd: int, output_bytes: int) -> None:
+        self.pid, self.read_fd = pid, read_fd
+        self.capture = Capture(output_bytes)
+        self.ceiling = max(16 * output_bytes, 1 << 20)
+        self.status: int | None = None
+        self.pipe_open = True
+
+    def read_over_ceiling(self) -> bool:
+        """Reads what the pipe holds (noting its end); says whether the output is past the
+        ceiling."""
+        chunk = os.read(self.read_fd, 65536)
+        if chunk:
+            self.capture.add(chunk)
+        else:
+            self.pipe_open = False
+        return self.capture.total > self.ceiling
+
+    def drain(self) -> None:
+        """Keeps what was written before the kill, up to the ceiling, till the pipe ends."""
+        while self.pipe_open:
+            ready = select.select([self.read_fd], [], [], 0.2)[0]
+            chunk = os.read(self.read_fd, 65536) if ready else b""
+            if self.capture.total <= self.ceiling:
+                self.capture.add(chunk[: max(0, self.ceiling - self.capture.total)])
+            self.pipe_open = bool(chunk)
+
+
 class Shell:
     """Runs commands in the tree under the limits; knows how to end all of a command's
     processes in this mode."""
@@ -236,27 +267,43 @@ class Shell:
             _check(_libc.capset(header, data), "capset")
 
     def run(self, command: str, wall_s: float, host: Lines) -> dict:
+        """Runs ``command`` to its end or a limit: its output, exit code, the limit that
+        stopped it (or None) and its time."""
         start = time.monotonic()
-        deadline = start + wall_s
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
             self._child(command, write_fd)
         os.close(write_fd)
-        lim = self.limits
-        capture = Capture(lim["output_bytes"])
-        ceiling = max(16 * lim["output_bytes"], 1 << 20)
-        status: int | None = None
-        stopped: str | None = None
-        pipe_open = True
-        next_look = start
-        while pipe_open or status is None:
+        running = Running(pid, read_fd, self.limits["output_bytes"])
+        stopped = self._watch(running, start + wall_s, host)
+        self._end(running)
+        returncode = None
+        if running.status is not None and stopped is None:
+            returncode = os.waitstatus_to_exitcode(running.status)
+            stopped = self._why(returncode, running.capture)
+        output = running.capture.text()
+        if stopped == "output":
+            output += f"\n[output passed {running.ceiling} bytes: command stopped]\n"
+        if stopped is None:
+            stopped = self.disk_full()
+        return {
+            "output": output,
+            "returncode": returncode,
+            "stopped": stopped,
+            "seconds": time.monotonic() - start,
+        }
+
+    def _watch(self, running: Running, deadline: float, host: Lines) -> str | None:
+        """Collects the command's output until it has exited and closed it, or until a limit
+        stops it (returned); exits the launcher, all killed, once the host is gone."""
+        next_look = time.monotonic()
+        while running.pipe_open or running.status is None:
             now = time.monotonic()
             if now >= deadline:
-                stopped = "timeout"
-                break
-            fds = [read_fd] if pipe_open else []
+                return "timeout"
+            fds = [running.read_fd] if running.pipe_open else []
             ready, _, _ = select.select(
                 fds + [host.fd, self.child_exits, *self.watch_fds],
                 [],
@@ -266,15 +313,8 @@ class Shell:
             if self.child_exits in ready:
                 while _read_some(self.child_exits):
                     pass
-            if read_fd in ready:
-                chunk = os.read(read_fd, 65536)
-                if chunk:
-                    capture.add(chunk)
-                else:
-                    pipe_open = False
-                if capture.total > ceiling:
-                    stopped = "output"
-                    break
+            if running.read_fd in ready and running.read_over_ceiling():
+                return "output"
             if host.fd in ready:
                 host.fill()
                 if host.closed:  # the host is gone: leave nothing behind
@@ -283,45 +323,36 @@ class Shell:
             if any(fd in ready for fd in self.watch_fds):
                 self.kill_all()
                 os._exit(0)
-            status = self._reap(pid, status)
+            running.status = self._reap(running.pid, running.status)
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + POLL_S
-                tasks, resident = self.usage()
-                if tasks >= lim["processes"]:
-                    stopped = "processes"
-                    break
-                if resident > lim["memory_mb"] * 1024 * 1024:
-                    stopped = "memory"
-                    break
+                over = self._over_limit()
+                if over is not None:
+                    return over
+        return None
+
+    def _over_limit(self) -> str | None:
+        """ "processes" or "memory" when the command's processes are past that limit now."""
+        tasks, resident = self.usage()
+        if tasks >= self.limits["processes"]:
+            return "processes"
+        if resident > self.limits["memory_mb"] * 1024 * 1024:
+            return "memory"
+        return None
+
+    def _end(self, running: Running) -> None:
+        """Kills whatever the command left running, keeps the output it wrote before, and
+        reaps it."""
         try:  # its process group first: all that works where /proc does not (macOS)
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(running.pid, signal.SIGKILL)
         except OSError:
             pass
         self.kill_all()
         if self.pid_namespace:
             _remove_sysv_ipc()  # no process is left to use them; their memory goes now
-        while pipe_open:  # what was written before the kill
-            chunk = os.read(read_fd, 65536) if select.select([read_fd], [], [], 0.2)[0] else b""
-            if capture.total <= ceiling:
-                capture.add(chunk[: max(0, ceiling - capture.total)])
-            pipe_open = bool(chunk)
-        os.close(read_fd)
-        status = self._reap(pid, status, block=True)
-        returncode = None
-        if status is not None and stopped is None:
-            returncode = os.waitstatus_to_exitcode(status)
-            stopped = self._why(returncode, capture)
-        output = capture.text()
-        if stopped == "output":
-            output += f"\n[output passed {ceiling} bytes: command stopped]\n"
-        if stopped is None:
-            stopped = self.disk_full()
-        return {
-            "output": output,
-            "returncode": returncode,
-            "stopped": stopped,
-            "seconds": time.monotonic() - start,
-        }
+        running.drain()
+        os.close(running.read_fd)
+        running.status = self._reap(running.pid, running.status, block=True)
 
     def _why(self, returncode: int, capture: Capture) -> str | None:
         """A limit read off how the command ended (a limit that raises a signal, or a shell
@@ -630,10 +661,25 @@ def _build_root(config: dict, uid: int | None) -> None:
     """In the new mount namespace, as the pid namespace's init: a root of read-only system
     binds, a minimal /etc and /dev, /proc, and one tmpfs of ``disk_mb`` holding /repo,
     /tmp and /dev/shm; then pivot into it and make it read-only."""
-    limits = config["limits"]
     new = config["tree"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
+    _bind_system_dirs(new)
+    _write_etc(new, uid)
+    _mount_proc_and_dev(new)
+    _mount_disk(new, config["limits"]["disk_mb"])
+    # The Python that runs PEARL, after /tmp and /dev/shm: a venv under /tmp (a fresh clone
+    # there, say) would be hidden by the tmpfs mounted over /tmp otherwise.
+    _bind_python_dirs(new, config["python_dirs"])
+    _copy_tree(config["files"], new + TREE)
+    if uid is not None:
+        _chown_below(new + TREE, uid)
+        os.chown(new + TREE, uid, uid)
+    _pivot_into(new)
+
+
+def _bind_system_dirs(new: str) -> None:
+    """The host's system folders in the root at ``new``, read-only (symlinks stay links)."""
     for name in SYSTEM_DIRS:
         host = "/" + name
         if os.path.islink(host):
@@ -641,6 +687,10 @@ def _build_root(config: dict, uid: int | None) -> None:
         elif os.path.isdir(host):
             os.mkdir(f"{new}/{name}")
             _bind_readonly(host, f"{new}/{name}")
+
+
+def _write_etc(new: str, uid: int | None) -> None:
+    """A minimal /etc: the dynamic loader's and libc's files, users root and sandbox, hosts."""
     os.makedirs(f"{new}/etc/ld.so.conf.d")
     for name in ETC_FILES + tuple(f"ld.so.conf.d/{n}" for n in _listdir("/etc/ld.so.conf.d")):
         if os.path.isfile(f"/etc/{name}"):
@@ -652,6 +702,10 @@ def _build_root(config: dict, uid: int | None) -> None:
         f.write(f"root:x:0:\nsandbox:x:{user}:\n")
     with open(f"{new}/etc/hosts", "w") as f:
         f.write("127.0.0.1 localhost\n::1 localhost\n")
+
+
+def _mount_proc_and_dev(new: str) -> None:
+    """This pid namespace's /proc, and a /dev of the harmless nodes and the fd links."""
     os.makedirs(f"{new}/proc")
     _mount("proc", f"{new}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(f"{new}/dev")
@@ -662,15 +716,20 @@ def _build_root(config: dict, uid: int | None) -> None:
         os.symlink(target, f"{new}/dev/{name}")
     os.symlink("/proc/self/fd/1", f"{new}/dev/stdout")
     os.symlink("/proc/self/fd/2", f"{new}/dev/stderr")
+
+
+def _mount_disk(new: str, disk_mb: int) -> None:
+    """One tmpfs of ``disk_mb`` shared by /repo, /tmp and /dev/shm, so together they
+    cannot pass the disk limit."""
     disk = f"{new}/.disk"
     os.mkdir(disk)
-    inodes = max(4096, limits["disk_mb"] * 256)
+    inodes = max(4096, disk_mb * 256)
     _mount(
         "tmpfs",
         disk,
         "tmpfs",
         MS_NOSUID | MS_NODEV,
-        f"size={limits['disk_mb']}m,nr_inodes={inodes},mode=755",
+        f"size={disk_mb}m,nr_inodes={inodes},mode=755",
     )
     for name, where, mode in (
         ("repo", TREE, 0o755),
@@ -683,9 +742,11 @@ def _build_root(config: dict, uid: int | None) -> None:
         _mount(f"{disk}/{name}", new + where, None, MS_BIND)
     _check(_libc.umount2(disk.encode(), MNT_DETACH), "umount disk")
     os.rmdir(disk)
-    # The Python that runs PEARL, after /tmp and /dev/shm: a venv under /tmp (a fresh clone
-    # there, say) would be hidden by the tmpfs mounted over /tmp otherwise.
-    for folder in sorted(set(config["python_dirs"])):
+
+
+def _bind_python_dirs(new: str, python_dirs: list[str]) -> None:
+    """The Python's folders outside the system folders, read-only at their host paths."""
+    for folder in sorted(set(python_dirs)):
         real = os.path.realpath(folder)
         if any(os.path.commonpath([real, f"/{d}"]) == f"/{d}" for d in SYSTEM_DIRS):
             continue
@@ -693,12 +754,17 @@ def _build_root(config: dict, uid: int | None) -> None:
             continue
         os.makedirs(new + real, mode=0o755)
         _bind_readonly(real, new + real)
-    _copy_tree(config["files"], new + TREE)
-    if uid is not None:
-        for folder, dirs, names in os.walk(new + TREE):
-            for name in [*dirs, *names]:
-                os.lchown(os.path.join(folder, name), uid, uid)
-        os.chown(new + TREE, uid, uid)
+
+
+def _chown_below(tree: str, uid: int) -> None:
+    """Gives everything below ``tree`` (not ``tree`` itself) to ``uid``, links not followed."""
+    for folder, dirs, names in os.walk(tree):
+        for name in [*dirs, *names]:
+            os.lchown(os.path.join(folder, name), uid, uid)
+
+
+def _pivot_into(new: str) -> None:
+    """Makes ``new`` the root, drops the old one, and remounts the new one read-only."""
     os.mkdir(f"{new}/.old")
     number = PIVOT_ROOT.get(os.uname().machine, -1)  # no libc wrapper; -1 fails with ENOSYS
     _check(_libc.syscall(number, new.encode(), f"{new}/.old".encode()), "pivot_root")
@@ -769,9 +835,8 @@ def main() -> None:
         if uid is not None:
             os.chown(config["tree"], uid, uid)
         _copy_tree(config["files"], config["tree"])
-        for folder, dirs, names in os.walk(config["tree"]) if uid is not None else ():
-            for name in [*dirs, *names]:
-                os.lchown(os.path.join(folder, name), uid, uid)
+        if uid is not None:
+            _chown_below(config["tree"], uid)
         serve(shell, host, {"ready": True, "namespaces": False, "uid": uid, "tree": config["tree"]})
         return
     try:
