@@ -25,8 +25,11 @@ or recorded updates them in the same commit and says why.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -34,8 +37,20 @@ import numpy as np
 import pytest
 
 from pearl.apps.experiment import run_experiment
+from pearl.apps.fidelity import CALIBRATION_MODEL, DEFAULT_CASES, VLLM_TWIN, run_sim_case
 from pearl.apps.simulate import run_simulate
 from pearl.config.simulate import load_simulate_config
+from pearl.control.agent_loop import AgentLoopConfig
+from pearl.control.episode import EpisodeBatch
+from pearl.control.interfaces import AsyncioClock, TrainMetrics
+from pearl.control.pipeline import PipelineConfig, PipelineScheduler, WeightSync
+from pearl.control.router import Router
+from pearl.engine.config import EngineConfig
+from pearl.sim.clock import run_virtual
+from pearl.sim.cost_profile import load_cost_profile
+from pearl.sim.costmodel import CostModel
+from pearl.sim.shapes import load_model_shape
+from pearl.sim.worker import SimEngineConfig, SimulatedWorker
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -62,6 +77,10 @@ ALL_POLICIES_DIGESTS = {
     (True, "2.5"): "93a9d82c6ee35439",
 }
 ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
+# The fidelity cases on our live worker's simulated twin and on vLLM's (recorded 2026-12-08).
+TWIN_DIGESTS = {"pearl": "837f6affc1ae683f", "vllm": "e1e8ed689e14d40e"}
+# Dynamic sampling's steps and what each trained on (recorded 2026-12-08).
+DYNAMIC_SAMPLING_DIGEST = "650985401f8b16a1"
 
 
 def recorded(digests: dict[tuple[bool, str], str]) -> str:
@@ -222,3 +241,134 @@ def test_a_closed_gate_probes_once_and_then_decides_on_the_measured_saving(tmp_p
     for g in after:
         assert g["borrow"] == (g["measured_saving"] * g["T_ded"] > g["T_return"])
         assert g["T_return"] < g["T_toggle"]
+
+
+def _paper_gpu_cost() -> CostModel:
+    """Qwen3-8B on one of the paper's H800s: slow enough that the fidelity cases' changes at
+    3 s fall inside their batches."""
+    profile = load_cost_profile("paper-h800")
+    assert profile.gpu is not None
+    return CostModel(profile.gpu, load_model_shape("Qwen3-8B"), constants=profile.constants)
+
+
+def _records_digest(value) -> str:
+    """A digest of plain records (dataclasses.asdict's output; tuple keys as strings)."""
+
+    def plain(v):
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return v
+
+    text = json.dumps(plain(value), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("twin", ["pearl", "vllm"])
+def test_the_live_workers_simulated_twins_give_the_recorded_numbers(twin):
+    """Every fidelity case (colocated, PD, a mode switch and a shrink mid-batch) on the twin
+    of a live backend (``SimEngineConfig.mirroring``; vLLM's with ``VLLM_TWIN``): every
+    turn's timing and tokens."""
+    cost = _paper_gpu_cost()
+    results = [
+        dataclasses.asdict(
+            run_sim_case(
+                case,
+                cost,
+                EngineConfig(),
+                CALIBRATION_MODEL["vocab_size"],
+                link_latency_s=1e-4,
+                request_overhead_s=2e-3,
+                rpc_overhead_s=1e-3,
+                twin=VLLM_TWIN if twin == "vllm" else None,
+            )
+        )
+        for case in DEFAULT_CASES
+    ]
+    assert any(r["reconfigured_at"] for r in results)  # the changes happened in the batch
+    assert _records_digest(results) == TWIN_DIGESTS[twin]
+
+
+class _Task:
+    """Three turns; the task's seed draws its observations' lengths and whether its members
+    all succeed, all fail (a group that ties) or succeed by chance each."""
+
+    def __init__(self, task: int, member: int) -> None:
+        rng = random.Random(task)
+        self.group = f"task{task}"
+        self.observations = [rng.randint(20, 200) for _ in range(2)]
+        kind = rng.random()
+        chance = random.Random(f"{task}/{member}").random() < 0.5
+        self.reward = 1.0 if kind < 0.2 else 0.0 if kind < 0.4 else float(chance)
+        self.turns = 0
+
+    async def start(self) -> list[int]:
+        return list(range(1, 301))
+
+    async def respond(self, reply: list[int]) -> tuple[list[int], float, bool]:
+        self.turns += 1
+        if self.turns > len(self.observations):
+            return [], self.reward, True
+        return [7] * self.observations[self.turns - 1], 0.0, False
+
+    @property
+    def success(self) -> bool:
+        return self.reward == 1.0
+
+
+class _TimedTrainer:
+    """A trainer whose step takes virtual time in proportion to its tokens."""
+
+    def __init__(self) -> None:
+        self.weight_version = 0
+        self.trained: list[list[tuple[str, float]]] = []
+
+    async def train_step(self, batch):
+        await asyncio.sleep(0.5 + 1e-5 * batch.tokens)
+        self.trained.append([(s.group, s.reward) for s in batch.samples])
+        self.weight_version += 1
+        return TrainMetrics(batch.step, self.weight_version, 0.0, 0.0, batch.tokens)
+
+
+def test_dynamic_sampling_gives_the_recorded_numbers():
+    """Four steps of eight 4-member groups with dynamic sampling on two simulated workers:
+    each step's timeline, rounds, groups and what the trainer was given."""
+
+    def tasks(first: int, count: int) -> EpisodeBatch:
+        episodes = [
+            (f"t{t}/{k}", _Task(t, k)) for t in range(first, first + count) for k in range(4)
+        ]
+        return EpisodeBatch(episodes, max_new_tokens=64, max_context_tokens=4096)
+
+    async def main():
+        cost = _paper_gpu_cost()
+        workers = [
+            SimulatedWorker(f"w{i}", cost, SimEngineConfig(num_kv_blocks=4096), vocab_size=500)
+            for i in range(2)
+        ]
+        router = Router()
+        router.set_topology(colocated=workers)
+        trainer = _TimedTrainer()
+        pipeline = PipelineScheduler(
+            lambda step: tasks(8 * step, 8),
+            router,
+            trainer,
+            WeightSync(lambda: workers, lambda n: 0.2),
+            AsyncioClock(),
+            AgentLoopConfig(vocab_size=500, seed=3),
+            PipelineConfig(4, dynamic_sampling=True),
+            more_tasks=lambda step, round_, n: tasks(1000 * (step + 1) + 100 * round_, n),
+        )
+        try:
+            records = await pipeline.run()
+        finally:
+            for w in workers:
+                w.close()
+        return records, trainer.trained
+
+    records, trained = run_virtual(main)[0]
+    assert all(r.sampling is not None for r in records)
+    assert any(r.sampling.rounds for r in records)  # extra rounds were rolled out
+    rows = [dataclasses.asdict(r) for r in records]
+    assert _records_digest([rows, trained]) == DYNAMIC_SAMPLING_DIGEST
