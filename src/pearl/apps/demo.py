@@ -41,12 +41,8 @@ class DemoReport:
     prefix_cache_hit_rate: float
 
 
-def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> DemoReport:
-    """Run ``sessions`` agent sessions for ``turns`` turns both ways; compare the tokens."""
-    import torch
-
-    torch.set_num_threads(1)
-    cfg = ModelConfig.from_dict(DEMO_MODEL, source="demo model")
+def _demo_engines(cfg: ModelConfig, seed: int) -> tuple[LLMEngine, LLMEngine, LLMEngine]:
+    """The colocated engine and the prefill and decode pair, alike but for their roles."""
     engine_cfg = dict(
         block_size=16,
         num_kv_blocks=1024,
@@ -61,6 +57,32 @@ def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> Dem
     decode = LLMEngine.from_model_config(
         cfg, EngineConfig(**engine_cfg, role=Role.DECODE), seed=seed
     )
+    return colocated, prefill, decode
+
+
+def _turn_requests(
+    history: dict[str, list[int]], turn: int, lengths: dict[str, int], tag: str
+) -> list[Request]:
+    """One greedy request per session on its history so far, ``lengths[sid]`` tokens long."""
+    return [
+        Request(
+            f"{sid}/{turn}/{tag}",
+            list(h),
+            SamplingParams(temperature=0, max_new_tokens=lengths[sid], ignore_eos=True),
+            sid,
+            pin_session=True,
+        )
+        for sid, h in history.items()
+    ]
+
+
+def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> DemoReport:
+    """Run ``sessions`` agent sessions for ``turns`` turns both ways; compare the tokens."""
+    import torch
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig.from_dict(DEMO_MODEL, source="demo model")
+    colocated, prefill, decode = _demo_engines(cfg, seed)
     rng = random.Random(seed)
     system = [rng.randrange(cfg.vocab_size) for _ in range(128)]  # shared by all sessions
     history = {
@@ -74,25 +96,10 @@ def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> Dem
     t_coloc = t_disagg = 0.0
     for turn in range(turns):
         lengths = {sid: rng.randint(16, 64) for sid in history}
-
-        def requests(
-            tag: str, turn: int = turn, lengths: dict[str, int] = lengths
-        ) -> list[Request]:
-            return [
-                Request(
-                    f"{sid}/{turn}/{tag}",
-                    list(h),
-                    SamplingParams(temperature=0, max_new_tokens=lengths[sid], ignore_eos=True),
-                    sid,
-                    pin_session=True,
-                )
-                for sid, h in history.items()
-            ]
-
         t0 = time.perf_counter()
-        c_out = colocated.generate(requests("c"))
+        c_out = colocated.generate(_turn_requests(history, turn, lengths, "c"))
         t1 = time.perf_counter()
-        d_out = run_disaggregated(prefill, decode, requests("d"))
+        d_out = run_disaggregated(prefill, decode, _turn_requests(history, turn, lengths, "d"))
         t2 = time.perf_counter()
         t_coloc += t1 - t0
         t_disagg += t2 - t1
