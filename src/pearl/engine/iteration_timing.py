@@ -421,26 +421,8 @@ def _time_shape(prober: _Prober, shape: BatchShape, repeats: int, clock: Clock) 
     )
 
 
-def profile_engine(
-    engine: LLMEngine,
-    grid: CalibrationGrid,
-    repeats: int = DEFAULT_REPEATS,
-    *,
-    clock: Clock = "cpu",
-    seed: int = 0,
-    sampling: SamplingParams | None = None,
-    log: Callable[[str], None] | None = None,
-) -> list[Sample]:
-    """Time ``repeats`` engine iterations of every shape in ``grid``; one sample per shape,
-    its median repeat on ``clock`` (both clocks are recorded).
-
-    The engine must be idle (no requests, no pinned sessions): profiling overwrites its KV
-    cache and clears its prefix cache. Its scheduler limits are raised for the run and
-    restored. ``sampling`` defaults to temperature 1, as RL rollouts sample.
-    """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
-    check_clock(clock)
+def _check_can_profile(engine: LLMEngine, grid: CalibrationGrid, repeats: int) -> None:
+    """Refuse a busy engine, and a shape whose ``repeats`` overflow its KV cache or context."""
     scheduler = engine.scheduler
     if scheduler.has_work() or scheduler.sessions:
         raise EngineStateError(
@@ -461,10 +443,33 @@ def profile_engine(
                 f"{shape.max_len(repeats)} tokens; the engine's max_model_len is "
                 f"{scheduler.config.max_model_len} (must be larger)"
             )
+
+
+def profile_engine(
+    engine: LLMEngine,
+    grid: CalibrationGrid,
+    repeats: int = DEFAULT_REPEATS,
+    *,
+    clock: Clock = "cpu",
+    seed: int = 0,
+    sampling: SamplingParams | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[Sample]:
+    """Time ``repeats`` engine iterations of every shape in ``grid``; one sample per shape,
+    its median repeat on ``clock`` (both clocks are recorded).
+
+    The engine must be idle (no requests, no pinned sessions): profiling overwrites its KV
+    cache and clears its prefix cache. Its scheduler limits are raised for the run and
+    restored. ``sampling`` defaults to temperature 1, as RL rollouts sample.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+    check_clock(clock)
+    _check_can_profile(engine, grid, repeats)
     max_new = 2 * repeats + 2  # the decodes' admission step plus every repeat, with room
     sampling = sampling or SamplingParams(temperature=1.0, max_new_tokens=max_new, ignore_eos=True)
     sampling = dataclasses.replace(sampling, max_new_tokens=max_new, ignore_eos=True)
-    cfg = scheduler.config
+    cfg = engine.scheduler.config
     saved = (cfg.max_num_batched_tokens, cfg.max_num_seqs)
     prober = _Prober(engine, sampling, seed)
     samples: list[Sample] = []
