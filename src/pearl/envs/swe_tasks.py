@@ -351,14 +351,26 @@ def $helper(qty, price):
             "",
         ),
     ]
-    rng = d.rng
+    return _unit(
+        names,
+        main,
+        helper,
+        "- `$fn(items)`: value of (quantity, price) pairs; $bulk+ units get $disc off.",
+        bugs,
+        _stock_value_cases(d.rng, bulk),
+        helper_constants="BULK_QTY = $bulk\nBULK_DISCOUNT = $disc\n",
+    )
+
+
+def _stock_value_cases(rng: random.Random, bulk: int) -> list[str]:
+    """Random item lists, then the edges: no items, either side of ``bulk``, negatives."""
     prices = (0.5, 1.25, 2.0, 3.75, 4.5, 10.0, 12.5)
 
     def items(n: int) -> str:
         return repr([(rng.randint(0, 30), rng.choice(prices)) for _ in range(n)])
 
     cases = [items(rng.randint(1, 4)) for _ in range(8)]
-    cases += [
+    return cases + [
         "[]",
         repr([(bulk, 2.0)]),
         repr([(bulk - 1, 2.0)]),
@@ -366,15 +378,6 @@ def $helper(qty, price):
         repr([(-1, 2.5)]),
         repr([(1, 4.0), (bulk + 2, 1.25)]),
     ]
-    return _unit(
-        names,
-        main,
-        helper,
-        "- `$fn(items)`: value of (quantity, price) pairs; $bulk+ units get $disc off.",
-        bugs,
-        cases,
-        helper_constants="BULK_QTY = $bulk\nBULK_DISCOUNT = $disc\n",
-    )
 
 
 _WORDS = (
@@ -501,7 +504,18 @@ def $helper(words):
             "",
         ),
     ]
-    rng = d.rng
+    return _unit(
+        names,
+        main,
+        helper,
+        "- `$fn(text, n=$n)`: the n commonest words (case-insensitive), ties a-z.",
+        bugs,
+        _top_words_cases(d.rng),
+    )
+
+
+def _top_words_cases(rng: random.Random) -> list[str]:
+    """Random texts with mixed case, with and without ``n``, then ties, zero and negative n."""
     vocab = ("red", "blue", "Red", "green", "tea", "Tea", "sky", "blue", "red")
 
     def text() -> str:
@@ -509,21 +523,13 @@ def $helper(words):
 
     cases = [repr(text()) for _ in range(5)]
     cases += [f"{text()!r}, {rng.randint(1, 4)}" for _ in range(5)]
-    cases += [
+    return cases + [
         repr("b a c b a d"),
         "'x y z', 0",
         "'a b a', -2",
         f"{text()!r}, -1",
         repr("Moon moon sun"),
     ]
-    return _unit(
-        names,
-        main,
-        helper,
-        "- `$fn(text, n=$n)`: the n commonest words (case-insensitive), ties a-z.",
-        bugs,
-        cases,
-    )
 
 
 def _polygon(rng: random.Random, size: int) -> str:
@@ -851,7 +857,19 @@ def $helper(lines):
             "",
         ),
     ]
-    rng = d.rng
+    return _unit(
+        names,
+        main,
+        helper,
+        "- `$fn(lines, coupon=0.0)`: subtotal less coupon, plus $tax tax; never below 0.",
+        bugs,
+        _invoice_cases(d.rng),
+        main_constants="TAX_RATE = $tax\n",
+    )
+
+
+def _invoice_cases(rng: random.Random) -> list[str]:
+    """Random orders with and without a coupon, then empty, excess, exact and negative ones."""
     prices = (1.0, 2.5, 4.0, 9.99, 0.75, 20.0)
 
     def lines(n: int) -> str:
@@ -859,7 +877,7 @@ def $helper(lines):
 
     cases = [lines(rng.randint(1, 3)) for _ in range(5)]
     cases += [f"{lines(rng.randint(1, 3))}, {rng.choice((1.0, 2.5, 5.0))}" for _ in range(4)]
-    cases += [
+    return cases + [
         "[]",
         "[(1, 3.0)], 10.0",
         "[(2, 5.0), (1, 1.0)], -1.0",
@@ -868,15 +886,6 @@ def $helper(lines):
         "[(2, 1.0)], 5.0",
         "[(3, 2.0)], 6.0",
     ]
-    return _unit(
-        names,
-        main,
-        helper,
-        "- `$fn(lines, coupon=0.0)`: subtotal less coupon, plus $tax tax; never below 0.",
-        bugs,
-        cases,
-        main_constants="TAX_RATE = $tax\n",
-    )
 
 
 def _temperature(d: _Draw) -> _Unit:
@@ -1042,7 +1051,79 @@ _DOMAINS = (
 Outcome = tuple[str, object]  # ("value", v) or ("raise", exception name)
 
 
+# A target case's outcomes: on the correct code, on the buggy code, and for each bug of
+# two whether that bug alone shows on it.
+_Seen = tuple[Outcome, Outcome, list[bool]]
+
+
+@dataclass(slots=True, frozen=True)
+class _Draft:
+    """A drawn repository before its tests: names, the two units (the target first), the
+    correct modules and the bugs to plant in the target."""
+
+    package: str
+    module: str
+    summary: str
+    units: list[_Unit]
+    bugs: list[_Bug]
+    kind: str
+    main_path: str
+    helper_path: str
+    correct: dict[str, str]
+
+    @property
+    def target(self) -> _Unit:
+        """The unit that gets the bugs."""
+        return self.units[0]
+
+    @property
+    def bystander(self) -> _Unit:
+        """The unit that stays correct (its tests guard against collateral edits)."""
+        return self.units[1]
+
+    @property
+    def buggy(self) -> dict[str, str]:
+        """The package's modules with every bug planted."""
+        return self.with_bugs(self.bugs)
+
+    def path(self, bug: _Bug) -> str:
+        """The file ``bug`` is planted in."""
+        return self.main_path if bug.where == "main" else self.helper_path
+
+    def with_bugs(self, chosen: list[_Bug]) -> dict[str, str]:
+        """The package's modules with the ``chosen`` bugs planted."""
+        files = dict(self.correct)
+        for bug in chosen:
+            files[self.path(bug)] = files[self.path(bug)].replace(bug.fixed, bug.buggy)
+        return files
+
+    def load(self, files: dict[str, str]) -> dict[str, object]:
+        """The functions of the package as ``files`` has it, run in-process."""
+        return _namespace(files, self.main_path, self.helper_path)
+
+
+@dataclass(slots=True, frozen=True)
+class _Cases:
+    """A draft's test cases (function, args, expected outcome), chosen to show its bug."""
+
+    visible: list[tuple[str, str, Outcome]]
+    hidden: list[tuple[str, str, Outcome, bool]]  # and whether the bug fails it
+    shown: list[tuple[str, _Seen]]  # the visible target cases, for the issue
+
+
 def _try_task(seed: int, tier: int, d: _Draw) -> SweTask | None:
+    """One draw of the task of ``seed``, or None when the draw cannot show its bug."""
+    draft = _draft(tier, d)
+    if draft is None:
+        return None
+    cases = _pick_cases(draft, d.rng)
+    if cases is None:
+        return None
+    return _assemble(seed, tier, draft, cases, d.rng)
+
+
+def _draft(tier: int, d: _Draw) -> _Draft | None:
+    """Domain, names, units and bugs; None when a planted bug's text is not unique."""
     rng = d.rng
     domain = rng.choice(_DOMAINS)
     package = d.name(domain.packages)
@@ -1050,113 +1131,116 @@ def _try_task(seed: int, tier: int, d: _Draw) -> SweTask | None:
     helpers = d.name(domain.helper_modules)
     units = [make(d) for make in domain.units]
     rng.shuffle(units)
-    target, bystander = units
-    bugs, kind = _pick_bugs(target, tier, rng)
+    bugs, kind = _pick_bugs(units[0], tier, rng)
     if bugs is None:
         return None
-
     main_path, helper_path = f"{package}/{module}.py", f"{package}/{helpers}.py"
     summary = rng.choice(domain.summaries)
     correct = {
         main_path: _main_module(summary, helpers, units),
         helper_path: _helper_module(package, module, units),
     }
-    path_of = {"main": main_path, "helper": helper_path}
+    draft = _Draft(package, module, summary, units, bugs, kind, main_path, helper_path, correct)
     for bug in bugs:
-        if correct[path_of[bug.where]].count(bug.fixed) != 1:
-            raise AssertionError(f"bug text {bug.fixed!r} is not unique in {path_of[bug.where]}")
+        if correct[draft.path(bug)].count(bug.fixed) != 1:
+            raise AssertionError(f"bug text {bug.fixed!r} is not unique in {draft.path(bug)}")
+    buggy = draft.buggy
+    if any(bug.buggy and buggy[draft.path(bug)].count(bug.buggy) != 1 for bug in bugs):
+        return None
+    return draft
 
-    def with_bugs(chosen: list[_Bug]) -> dict[str, str]:
-        files = dict(correct)
-        for bug in chosen:
-            files[path_of[bug.where]] = files[path_of[bug.where]].replace(bug.fixed, bug.buggy)
-        return files
 
-    buggy = with_bugs(bugs)
-    for bug in bugs:
-        if bug.buggy and buggy[path_of[bug.where]].count(bug.buggy) != 1:
-            return None
-    run_correct = _namespace(correct, main_path, helper_path)
-    run_buggy = _namespace(buggy, main_path, helper_path)
-    run_singles = (
-        [_namespace(with_bugs([b]), main_path, helper_path) for b in bugs] if len(bugs) > 1 else []
-    )
-
-    cases = list(target.cases)
-    rng.shuffle(cases)
-    outcomes = {}
-    for args in cases:
-        want = _outcome(run_correct, target.function, args)
-        outcomes[args] = (
-            want,
-            _outcome(run_buggy, target.function, args),
-            [not _same(want, _outcome(ns, target.function, args)) for ns in run_singles],
-        )
-    visible = _choose(cases, outcomes, VISIBLE_TARGET_CASES, set(), failing_first=False)
+def _pick_cases(draft: _Draft, rng: random.Random) -> _Cases | None:
+    """Target cases that show the bug (visible, hidden) and bystander cases it leaves alone."""
+    run_correct = draft.load(draft.correct)
+    run_buggy = draft.load(draft.buggy)
+    cases, seen = _target_outcomes(draft, run_correct, run_buggy, rng)
+    visible = _choose(cases, seen, VISIBLE_TARGET_CASES, set(), failing_first=False)
     if visible is None:
         return None
-    hidden = _choose(cases, outcomes, HIDDEN_TARGET_CASES, set(visible), failing_first=True)
+    hidden = _choose(cases, seen, HIDDEN_TARGET_CASES, set(visible), failing_first=True)
     if hidden is None:
         return None
+    target, bystander = draft.target.function, draft.bystander.function
     stand = [
         c
-        for c in bystander.cases
-        if _same(
-            _outcome(run_correct, bystander.function, c), _outcome(run_buggy, bystander.function, c)
-        )
+        for c in draft.bystander.cases
+        if _same(_outcome(run_correct, bystander, c), _outcome(run_buggy, bystander, c))
     ]
     rng.shuffle(stand)
     if len(stand) < 1 + HIDDEN_BYSTANDER_CASES:
         return None
+    visible_cases = [(target, c, seen[c][0]) for c in visible]
+    visible_cases.append((bystander, stand[0], _outcome(run_correct, bystander, stand[0])))
+    hidden_cases = [(target, c, seen[c][0], not _same(seen[c][0], seen[c][1])) for c in hidden]
+    hidden_cases += [
+        (bystander, c, _outcome(run_correct, bystander, c), False)
+        for c in stand[1 : 1 + HIDDEN_BYSTANDER_CASES]
+    ]
+    return _Cases(visible_cases, hidden_cases, [(c, seen[c]) for c in visible])
 
+
+def _target_outcomes(
+    draft: _Draft,
+    run_correct: dict[str, object],
+    run_buggy: dict[str, object],
+    rng: random.Random,
+) -> tuple[list[str], dict[str, _Seen]]:
+    """The target's cases in a drawn order, and what each gives (see ``_Seen``)."""
+    run_singles = (
+        [draft.load(draft.with_bugs([b])) for b in draft.bugs] if len(draft.bugs) > 1 else []
+    )
+    function = draft.target.function
+    cases = list(draft.target.cases)
+    rng.shuffle(cases)
+    seen: dict[str, _Seen] = {}
+    for args in cases:
+        want = _outcome(run_correct, function, args)
+        seen[args] = (
+            want,
+            _outcome(run_buggy, function, args),
+            [not _same(want, _outcome(ns, function, args)) for ns in run_singles],
+        )
+    return cases, seen
+
+
+def _assemble(seed: int, tier: int, draft: _Draft, cases: _Cases, rng: random.Random) -> SweTask:
+    """The task: the buggy repository and its visible tests, the issue, hidden tests, fix."""
+    package, module = draft.package, draft.module
     test_module = f"test_{module}"
     visible_test = f"python -m unittest tests.{test_module} -v"
     hidden_module = f"hidden_tests/test_{module}_hidden.py"
-    visible_cases = [(target.function, c, outcomes[c][0]) for c in visible]
-    visible_cases.append(
-        (bystander.function, stand[0], _outcome(run_correct, bystander.function, stand[0]))
-    )
-    hidden_cases = [
-        (target.function, c, outcomes[c][0], not _same(outcomes[c][0], outcomes[c][1]))
-        for c in hidden
-    ]
-    hidden_cases += [
-        (bystander.function, c, _outcome(run_correct, bystander.function, c), False)
-        for c in stand[1 : 1 + HIDDEN_BYSTANDER_CASES]
-    ]
-
-    functions = [u.function for u in units]
+    functions = [u.function for u in draft.units]
     files = {
-        "README.md": _readme(package, summary, units, module),
-        f"{package}/__init__.py": _init(package, summary, module, functions),
-        **buggy,
+        "README.md": _readme(package, draft.summary, draft.units, module),
+        f"{package}/__init__.py": _init(package, draft.summary, module, functions),
+        **draft.buggy,
         "tests/__init__.py": "",
-        f"tests/{test_module}.py": _visible_tests(package, module, visible_cases),
+        f"tests/{test_module}.py": _visible_tests(package, module, cases.visible),
     }
     issue = _issue(
         tier,
-        kind,
-        bugs,
-        target,
-        main_path if bugs[0].where == "main" else helper_path,
-        [(c, outcomes[c]) for c in visible],
+        draft.kind,
+        draft.bugs,
+        draft.target,
+        draft.path(draft.bugs[0]),
+        cases.shown,
         visible_test,
         rng,
     )
-    fix = {path: correct[path] for path in {path_of[b.where] for b in bugs}}
     return SweTask(
         seed=seed,
         tier=tier,
-        kind=kind,
+        kind=draft.kind,
         files=files,
         issue=issue,
         visible_test=visible_test,
         hidden_tests={
             "hidden_tests/__init__.py": "",
-            hidden_module: _hidden_tests(package, module, hidden_cases),
+            hidden_module: _hidden_tests(package, module, cases.hidden),
         },
         hidden_test_command=f"python -m unittest hidden_tests.test_{module}_hidden -v",
-        fix=fix,
+        fix={path: draft.correct[path] for path in {draft.path(b) for b in draft.bugs}},
     )
 
 
