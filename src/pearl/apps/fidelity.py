@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -557,8 +560,9 @@ def _set_up_backend(
     calibration: str,
     log: Callable[[str], None],
 ) -> _Backend:
-    """The live engine's model and its measured overheads: for vLLM, the random-weight
-    model saved to ``folder`` and the worker's own sizing; for ours, the grid fits."""
+    """The live engine's model and its measured overheads (logged): for vLLM, the
+    random-weight model saved to ``folder`` and the worker's own sizing; for ours, the grid
+    fits."""
     from pearl.live.server import ModelSpec
 
     if backend == "vllm":
@@ -569,12 +573,29 @@ def _set_up_backend(
         overhead, rpc, sizing = measure_vllm_overheads(model, engine)
         log(f"vLLM worker as sized: {sizing}; simulated twin: {VLLM_TWIN}")
         sim_engine = EngineConfig(**sizing, model_id="calibration")
-        return _Backend(model, {}, overhead, rpc, [], VLLM_TWIN, sim_engine)
-    model = ModelSpec(config=model_config, seed=0)
-    profiles, overhead, rpc, grid_samples = _grid_profiles(
-        profile, model, engine, kinds, calibration, log
+        live = _Backend(model, {}, overhead, rpc, [], VLLM_TWIN, sim_engine)
+    else:
+        model = ModelSpec(config=model_config, seed=0)
+        profiles, overhead, rpc, grid_samples = _grid_profiles(
+            profile, model, engine, kinds, calibration, log
+        )
+        live = _Backend(model, profiles, overhead, rpc, grid_samples, None, engine)
+    log(
+        f"per-turn overhead outside the engine: {overhead * 1e3:.2f} ms; other worker "
+        f"calls (session_length, release_session): {rpc * 1e3:.2f} ms"
     )
-    return _Backend(model, profiles, overhead, rpc, grid_samples, None, engine)
+    return live
+
+
+@contextmanager
+def _model_folder(backend: str) -> Iterator[str | None]:
+    """A temporary folder for the model vLLM loads (None for our engine), removed after."""
+    folder = tempfile.mkdtemp(prefix="pearl-calibration-") if backend == "vllm" else None
+    try:
+        yield folder
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _grid_profiles(
@@ -810,9 +831,6 @@ def compare(
     the times the cases ran; the fits are made once every live run is done, then each case
     is simulated.
     """
-    import shutil
-    import tempfile
-
     from pearl.live.cluster import ensure_ray
 
     _check_compare_args(cases, calibration, live_repeats, backend, profile)
@@ -820,16 +838,11 @@ def compare(
     vocab = model_config["vocab_size"]
     # One fit per deployment the cases use, keyed by its label with colocated ones as "nC".
     kinds = sorted({_fit_key(c.deployment) for c in cases})
-    folder = tempfile.mkdtemp(prefix="pearl-calibration-") if backend == "vllm" else None
-    try:
+    with _model_folder(backend) as folder:
         live = _set_up_backend(
             backend, folder, profile, model_config, engine, kinds, calibration, log
         )
         in_situ = profile is None and calibration == "in-situ"
-        log(
-            f"per-turn overhead outside the engine: {live.overhead * 1e3:.2f} ms; other worker "
-            f"calls (session_length, release_session): {live.rpc * 1e3:.2f} ms"
-        )
         latency, bandwidth = measure_transfer(live.model, engine, backend=backend)
         log(f"KV transfer between actors: {latency * 1e3:.2f} ms + {bandwidth / 1e6:.0f} MB/s")
 
@@ -838,9 +851,6 @@ def compare(
         lives_of, held_out = _run_cases_live(
             cases, live.model, engine, vocab, live_repeats, in_situ, log, backend
         )
-    finally:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
     log("fidelity phase 3/3: fit per deployment, then simulate each case")
     overheads = _fit_held_out(
         held_out, live.grid_samples, live.profiles, live.overhead, live.rpc, log
