@@ -26,13 +26,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pearl.agents.agent_call import start_agent
-from pearl.agents.conversation import Conversation, OpenTurn, Segment
+from pearl.agents.conversation import Conversation, OpenTurn
 from pearl.agents.loop_watch import agent_name
 from pearl.agents.messages import ApiError, ChatRequest
 from pearl.agents.replies import Reply, make_reply
@@ -44,8 +43,9 @@ from pearl.control.episode import (
     STOP_ENV_ERROR,
     STOP_ENV_TIMEOUT,
     STOP_MAX_TURNS,
+    turn_request,
 )
-from pearl.control.interfaces import Clock, TrainSample, TurnOutput, TurnRequest
+from pearl.control.interfaces import Clock, TrainSample, TurnOutput
 from pearl.control.router import Router
 from pearl.models.chat import ChatFormat
 
@@ -300,7 +300,13 @@ class AgentEpisode:
         env_s = run.clock.now() - run.last_answer
         try:
             out = await run.router.run_turn(
-                self._turn_request(run.config, turn.segment, budget, turn.prompt)
+                turn_request(
+                    self._session(turn.segment.index),
+                    turn.segment.calls,
+                    turn.prompt,
+                    budget,
+                    run.config,
+                )
             )
         except BaseException:
             self.conversation.cancel(turn)
@@ -345,24 +351,6 @@ class AgentEpisode:
             self.conversation.cancel(turn)
             raise episode_not_found()
         return turn, tools
-
-    def _turn_request(
-        self, cfg: AgentLoopConfig, segment: Segment, budget: int, prompt: list[int]
-    ) -> TurnRequest:
-        """The engine request of a segment's next call (its seed derived from the run's)."""
-        request_id = f"{self._session(segment.index)}/t{segment.calls}"
-        return TurnRequest(
-            request_id=request_id,
-            session_id=self._session(segment.index),
-            token_ids=prompt,
-            max_new_tokens=budget,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            seed=None if cfg.seed is None else zlib.crc32(f"{cfg.seed}/{request_id}".encode()),
-            ignore_eos=False,
-            stop_token_ids=cfg.stop_token_ids,
-        )
 
     @staticmethod
     def _record(run: _Run, prompt: list[int], out: TurnOutput, reply: Reply, env_s: float) -> None:

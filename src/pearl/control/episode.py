@@ -93,11 +93,12 @@ class EpisodeBatch:
         return len(self.episodes)
 
 
-def _turn_request(
+def turn_request(
     session_id: str, k: int, context: list[int], budget: int, config: AgentLoopConfig
 ) -> TurnRequest:
     """An episode's turn ``k``: the model answers ``context`` in up to ``budget`` tokens,
-    stopping at its end of turn, seeded per request when the run is seeded."""
+    stopping at its end of turn, seeded per request when the run is seeded (an agent's
+    calls too, ``pearl.agents.episode``: their seeds and ids are a built-in episode's)."""
     request_id = f"{session_id}/t{k}"
     return TurnRequest(
         request_id=request_id,
@@ -141,7 +142,7 @@ async def run_episode(
         if (max_turns is not None and k >= max_turns) or budget < 1:
             stop = STOP_MAX_TURNS if max_turns is not None and k >= max_turns else STOP_CONTEXT_FULL
             break
-        out = await router.run_turn(_turn_request(session_id, k, context, budget, config))
+        out = await router.run_turn(turn_request(session_id, k, context, budget, config))
         result.turns.append(out)
         result.generated.append(len(out.token_ids))
         result.appended_tokens.append(appended)
