@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pearl.apps.sim_build import build_setting
-from pearl.config.loading import dump_config
+from pearl.config.loading import dump_config, load_config
 from pearl.config.simulate import RLExperimentConfig
 from pearl.control.policies import PDMode, WeightUpdate, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
@@ -353,7 +353,6 @@ def write_tables_and_report(
 def rebuild_report(folder: str | Path) -> Path:
     """Figures, ``table.md`` and ``report.html`` again from a run folder's ``config.yaml`` and
     kept runs (``runs/*.json``): after an interrupted experiment, or a newer PEARL."""
-    from pearl.config.loading import load_config
 
     folder = Path(folder)
     kept = sorted((folder / "runs").glob("*@*.json")) if (folder / "runs").is_dir() else []

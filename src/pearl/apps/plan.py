@@ -31,10 +31,14 @@ from pearl.config.loading import dump_config, load_config
 from pearl.config.plan import PlanConfig
 from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
 from pearl.errors import ConfigError, RunsLost, RunStopped
+from pearl.live.ray_pool import connect, run_on_ray
 from pearl.processes.env import simulation_env
 from pearl.processes.pool import run_in_processes, sigterm_as_interrupt
+from pearl.report.figures import plan_figure, save
+from pearl.report.html import Section, write_report
 from pearl.report.progress import Progress
 from pearl.report.run_folder import default_run_name
+from pearl.workloads.availability import SyntheticAvailability, synthetic_availability
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +87,6 @@ def availability_traces(cfg: PlanConfig, folder: Path) -> list[str]:
     spot = cfg.plan.spot
     if spot is None:
         return list(cfg.elastic.segments)
-    from pearl.workloads.availability import SyntheticAvailability, synthetic_availability
 
     market = SyntheticAvailability(
         duration_s=spot.duration_s,
@@ -345,7 +348,6 @@ class GridRunner:
         if address is None:
             run_in_processes(run_one, todo, self.cfg.processes, finished, died, env=env)
             return
-        from pearl.live.ray_pool import connect, run_on_ray
 
         connect(address)
         run_on_ray(run_one, todo, finished, died, env=env)
@@ -457,8 +459,6 @@ def _recommendation(best: dict, runner: dict | None, checks: list[dict], currenc
 
 
 def _write_report(cfg, folder: Path, rows, best, table: str, recommendation: str) -> None:
-    from pearl.report.figures import plan_figure, save
-    from pearl.report.html import Section, write_report
 
     fig = plan_figure(rows, best, cfg.policies, cfg.plan.currency)
     png = save(fig, folder, "plan")[0]

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pearl.config.simulate import RLExperimentConfig, SimSection, SimulateConfig
 from pearl.control.decision import DecisionConfig
 from pearl.errors import ConfigError
+from pearl.sim.cost_profile import load_cost_profile
 from pearl.sim.costmodel import CostConstants, CostModel
 from pearl.sim.hardware import get_gpu
 from pearl.sim.policy_run import RLSetting
@@ -18,6 +19,7 @@ from pearl.sim.worker import SimEngineConfig
 from pearl.workloads.agentic import generate_batch
 from pearl.workloads.batch import RolloutBatch
 from pearl.workloads.profiles import get_profile
+from pearl.workloads.traces import load_rollout_trace
 
 
 def build_cost_model(cfg: SimulateConfig) -> CostModel:
@@ -26,8 +28,6 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
     shape = load_model_shape(cfg.model.name)
     latencies = None
     if cfg.cluster.profile:
-        from pearl.sim.cost_profile import load_cost_profile
-
         profile = load_cost_profile(cfg.cluster.profile)
         gpu = profile.gpu or gpu
         constants = profile.constants
@@ -39,8 +39,6 @@ def build_cost_model(cfg: SimulateConfig) -> CostModel:
 def build_batch(cfg: SimulateConfig) -> RolloutBatch:
     w = cfg.workload
     if w.trace:
-        from pearl.workloads.traces import load_rollout_trace
-
         return load_rollout_trace(w.trace, max_model_len=engine_config(cfg.sim).max_model_len)
     return generate_batch(
         get_profile(w.profile), num_tasks=w.num_tasks, group_size=w.group_size, seed=w.seed

@@ -10,6 +10,8 @@ from pearl.apps.sim_build import build_batch, build_cost_model, check_fits, engi
 from pearl.config.loading import dump_config
 from pearl.config.simulate import SimulateConfig
 from pearl.control.deployment import Deployment
+from pearl.report.figures import rollout_figure, save
+from pearl.report.html import Section, write_report
 from pearl.report.run_folder import RunFolder
 from pearl.sim.fixed import FixedRolloutReport, simulate_fixed_rollout
 
@@ -131,8 +133,6 @@ def run_simulate(cfg: SimulateConfig, log=logger.info) -> SimulateOutcome:
 
 def write_rollout_report(folder: Path, rows: list[dict], setting: str) -> Path:
     """``rollout.png``/``.svg`` and ``report.html``: each deployment's makespan and time."""
-    from pearl.report.figures import rollout_figure, save
-    from pearl.report.html import Section, write_report
 
     png = save(rollout_figure(rows), folder, "rollout")[0]
     table = ["| deployment | makespan s | tok/s | turns | mean turn s | KV moved MiB |"]

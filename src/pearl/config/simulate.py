@@ -12,6 +12,8 @@ import yaml
 from pydantic import Field, field_validator
 
 from pearl.config.loading import Section, apply_overrides, load_config, plain_run_name
+from pearl.control.deployment import Deployment
+from pearl.control.policies import POLICIES
 from pearl.errors import ConfigError
 
 
@@ -35,7 +37,6 @@ class ClusterSection(Section):
     @field_validator("deployments")
     @classmethod
     def _check_deployments(cls, value: list[str]) -> list[str]:
-        from pearl.control.deployment import Deployment
 
         for text in value:
             Deployment.parse(text)
@@ -212,7 +213,6 @@ class RLExperimentConfig(Section):
     @field_validator("policies")
     @classmethod
     def _check_policies(cls, value: list[str]) -> list[str]:
-        from pearl.control.policies import POLICIES
 
         unknown = [p for p in value if p not in POLICIES]
         if unknown or not value:

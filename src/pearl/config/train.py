@@ -11,6 +11,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pearl.config.loading import Section, check_ray_address, load_config, plain_run_name
+from pearl.control.policies import Borrowing, PDMode, Pool, get_policy
+from pearl.control.rollout_engine import require_capabilities
+from pearl.live.worker import server_class
 
 
 class TrainModelSection(Section):
@@ -286,7 +289,6 @@ class TrainClusterSection(Section):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        from pearl.control.policies import get_policy
 
         get_policy(value)  # raises with the valid names
         return value
@@ -353,9 +355,6 @@ class TrainConfig(Section):
     def _backend_can_run_the_policy(self) -> TrainConfig:
         """A policy that needs what the rollout backend cannot do (PD needs KV export and
         import, borrowing needs sleep) is refused here, before anything starts."""
-        from pearl.control.policies import get_policy
-        from pearl.control.rollout_engine import require_capabilities
-        from pearl.live.worker import server_class
 
         require_capabilities(
             get_policy(self.cluster.policy), server_class(self.rollout.backend).capabilities
@@ -366,7 +365,6 @@ class TrainConfig(Section):
         """The fewest and the most rollout workers the policy can have at once: the
         dedicated ones, plus the preemptible ones the availability changes bring (elastic
         pools), plus the trainer's slot between updates (borrowing)."""
-        from pearl.control.policies import Borrowing, Pool, get_policy
 
         policy = get_policy(self.cluster.policy)
         most = self.rollout.workers
@@ -381,7 +379,6 @@ class TrainConfig(Section):
     def _pd_pool_can_split(self) -> TrainConfig:
         """A policy that always splits prefill and decode (a static P:D ratio) needs two
         workers at some point; on a pool that never has them it would run colocated."""
-        from pearl.control.policies import PDMode, get_policy
 
         policy = get_policy(self.cluster.policy)
         most = self.pool_sizes()[1]

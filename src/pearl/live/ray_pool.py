@@ -23,14 +23,13 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from pearl.errors import ConfigError
+from pearl.live.cluster import token_refusal, token_refused_message
 
 
 def connect(address: str) -> None:
     """Join the Ray cluster at ``address`` (``"auto"``, or ``"host:port"`` of its head) as a
     driver, unless this process already is; a clear error if nothing answers there."""
     import ray
-
-    from pearl.live.cluster import token_refusal, token_refused_message
 
     if ray.is_initialized():
         return

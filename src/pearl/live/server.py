@@ -19,10 +19,12 @@ from typing import Any
 from pearl.control.interfaces import TurnOutput, TurnRequest
 from pearl.control.rollout_engine import EngineCapabilities
 from pearl.engine.config import EngineConfig
+from pearl.engine.iteration_timing import get_grid, profile_engine
 from pearl.engine.kv_transfer import KVChunk
 from pearl.engine.scheduler import InFlight
 from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine_turns import engine_request, turn_output
+from pearl.live.cluster import actor_location
 
 
 @dataclass(slots=True, frozen=True)
@@ -146,7 +148,6 @@ class EngineServer:
 
     async def where(self) -> dict:
         """The node this actor runs on (inside a Ray actor only)."""
-        from pearl.live.cluster import actor_location
 
         return actor_location()
 
@@ -169,7 +170,6 @@ class EngineServer:
 
     async def profile(self, grid: str = "default", repeats: int = 5, clock: str = "wall") -> list:
         """Calibration samples of this worker's own engine, timed where it really runs."""
-        from pearl.engine.iteration_timing import get_grid, profile_engine
 
         async with self._lock:
             return profile_engine(self.engine, get_grid(grid), repeats, clock=clock)

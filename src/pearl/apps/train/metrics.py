@@ -9,13 +9,11 @@ import os
 from collections import Counter
 from typing import Any
 
+from pearl.control.state import WorkerStatus
+
 
 def roles_in_use(plane) -> str:
     """The active rollout roles, e.g. ``2 colocated`` or ``1 prefill + 1 decode``."""
-    from collections import Counter
-
-    from pearl.control.state import WorkerStatus
-
     snap = plane.table.snapshot()
     counts = Counter(
         str(s.role) for s in snap.slots if s.status is WorkerStatus.ACTIVE and not s.is_training

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pearl.report.html import Section, write_report
+
 
 def write_train_report(
     folder: Path, rows: list[dict], before: dict, after: dict, summary: dict
 ) -> Path:
     """``report.html``: held-out success before and after, the per-step table, the plots."""
-    from pearl.report.html import Section, write_report
 
     lines = [
         "| step | reward | success | rollout s | train s | gen tok/s | staleness | roles |",

@@ -42,6 +42,7 @@ from pearl.envs import split_seed
 from pearl.envs.registry import env_factory
 from pearl.envs.tools import check_tools
 from pearl.errors import ConfigError, RunInterrupted, RunStopped
+from pearl.live import vllm_setup
 from pearl.live.cluster import Placement, cpu_slots, ensure_ray
 from pearl.live.episodes import TextEpisode
 from pearl.live.lora import LoRAConfig
@@ -53,9 +54,11 @@ from pearl.models.catalog import resolve_model
 from pearl.models.chat import ChatFormat, turn_stop_ids
 from pearl.models.config import ModelConfig
 from pearl.redaction import redact_secrets, redacted_keys
+from pearl.report.plots import plot_training
 from pearl.report.progress import Progress
 from pearl.report.run_folder import RunFolder, default_run_name
 from pearl.report.tensorboard import ScalarLog
+from pearl.report.wandb_log import WandbLog
 
 
 class TrainRun:
@@ -255,8 +258,6 @@ class _LiveRun:
 
         backend = self.cfg.rollout.backend
         if backend == "vllm":
-            from pearl.live import vllm_setup
-
             vllm_setup.check_vllm_version()  # installed, and the release whose hooks it uses
         ensure_ray(actors, self.cfg.cluster.ray_address)  # before ray is imported (loopback)
         if backend == "vllm":  # (vLLM imports ray): its checks of model and args
@@ -278,8 +279,6 @@ class _LiveRun:
         self.run.log(f"run folder: {self.folder.path}")
         self.boards: list[Any] = [ScalarLog(self.folder.path)]
         if cfg.logger.wandb:
-            from pearl.report.wandb_log import WandbLog
-
             config = cfg.model_dump(mode="json")
             self.boards.append(WandbLog(self.folder.path, cfg.logger.wandb_project, name, config))
 
@@ -442,8 +441,6 @@ class _LiveRun:
     async def _finish(self, steps: int, train_s: float, before: dict) -> dict[str, Any]:
         """Plots, the final checkpoint, the held-out evaluation after, summary and report."""
         if self.rows:
-            from pearl.report.plots import plot_training
-
             plot_training(self.rows, self.folder.path)
         checkpoint: Path | None = None
         after = before  # evaluation only: the same weights
