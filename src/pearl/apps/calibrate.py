@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pearl.engine.config import EngineConfig
 from pearl.engine.iteration_timing import (
     DEFAULT_REPEATS,
     BatchKind,
@@ -46,6 +47,7 @@ from pearl.engine.iteration_timing import (
     profile_engine,
 )
 from pearl.errors import ConfigError
+from pearl.models.config import ModelConfig
 from pearl.sim.cost_profile import CostProfile, save_cost_profile
 from pearl.sim.costmodel import CostConstants, CostModel, IterationWork
 from pearl.sim.hardware import CPU_PLACEHOLDER, GPUSpec
@@ -53,7 +55,6 @@ from pearl.sim.shapes import ModelShape
 
 if TYPE_CHECKING:
     from pearl.engine.engine import LLMEngine
-    from pearl.models.config import ModelConfig
 
 PROFILE_DTYPE_BYTES = 4
 """The CPU engine computes and caches in float32."""
@@ -522,9 +523,7 @@ def build_engine(
     """An engine sized for ``grid``: over a random-weight model (a ``RANDOM_MODELS`` name, a
     config dict/``ModelConfig``, or a ``config.json`` file or folder without weights) or
     over a Hugging Face folder with ``*.safetensors``."""
-    from pearl.engine.config import EngineConfig
     from pearl.engine.engine import LLMEngine
-    from pearl.models.config import ModelConfig
 
     weights_folder: Path | None = None
     name: str | None = None

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pearl.apps.calibrate import RANDOM_MODELS
+from pearl.apps.calibrate import RANDOM_MODELS, fit_profile
 from pearl.control.agent_loop import AgentLoopConfig
 from pearl.control.call_timer import Call, TimedWorker
 from pearl.control.deployment import Deployment
@@ -25,7 +25,13 @@ from pearl.control.rollout import BatchResult, run_rollout_batch
 from pearl.control.router import Router
 from pearl.control.scripted import ScriptedChange, run_scripted_batch
 from pearl.engine.config import EngineConfig
+from pearl.engine.iteration_timing import Sample
 from pearl.errors import EngineStateError
+from pearl.live.cluster import ensure_ray
+from pearl.live.server import ModelSpec
+from pearl.live.vllm_setup import check_vllm_version
+from pearl.live.worker import LiveKVMover, LiveWorker
+from pearl.models.config import ModelConfig
 from pearl.report.progress import Progress
 from pearl.sim.cost_profile import CostProfile
 from pearl.sim.costmodel import CostModel
@@ -205,7 +211,6 @@ def run_sim_case(
 async def _live_workers(
     deployment: Deployment, model, engine: EngineConfig, backend: str = "pearl"
 ):
-    from pearl.live.worker import LiveWorker
 
     workers = [
         LiveWorker(f"w{i}", model, engine, WorkerRole.COLOCATED, backend=backend)
@@ -259,7 +264,6 @@ def run_live_batch(
 ) -> tuple[BatchResult, list]:
     """``batch`` on fresh live workers of ``deployment`` (reconfigured by ``changes``) of
     ``backend``'s engine; also every worker's iteration log."""
-    from pearl.live.worker import LiveKVMover
 
     async def main() -> tuple[BatchResult, list]:
         workers = await _live_workers(deployment, model, engine, backend)
@@ -328,7 +332,6 @@ def measure_transfer(
     model, engine: EngineConfig, sizes=(64, 512, 2048), backend: str = "pearl"
 ) -> tuple[float, float]:
     """Fit (latency s, bandwidth B/s) of an actor-to-actor KV move from a few sizes."""
-    from pearl.live.worker import LiveKVMover
 
     async def main() -> list[tuple[int, float]]:
         workers = await _live_workers(Deployment(prefill=1, decode=1), model, engine, backend)
@@ -369,7 +372,6 @@ def calibrate_in_worker(
     ``concurrent`` workers profiling at once (the host's load in a deployment of that many
     workers), and measure the per-turn overhead outside the engine (RPC and driver),
     median of 20 turns on one worker."""
-    from pearl.apps.calibrate import fit_profile
 
     async def main():
         workers = await _live_workers(Deployment(colocated=concurrent), model, engine)
@@ -446,7 +448,6 @@ def held_out_samples(
     ``deployment`` (``2C``, ``1P1D``: as deployed, the driver, Ray and the other engine
     share the host, and prefill or decode workers run their own batch shapes), as fitting
     samples, and the gaps of their turn calls."""
-    from pearl.engine.iteration_timing import Sample
 
     out = HeldOut()
     for name, tasks, group in CALIBRATION_WORKLOADS:
@@ -479,7 +480,6 @@ def fit_in_situ(
     """A profile fitted to held-out live iterations plus the grid (for shapes the runs did
     not visit); the live iterations set the fit's level (the grid was timed on an idle
     worker: faster than a loaded deployment)."""
-    from pearl.apps.calibrate import fit_profile
 
     stride = max(1, len(samples) // MAX_FIT_SAMPLES)
     shape = ModelShape.from_hf_config(model_config, "calibration", dtype_bytes=4)
@@ -563,7 +563,6 @@ def _set_up_backend(
     """The live engine's model and its measured overheads (logged): for vLLM, the
     random-weight model saved to ``folder`` and the worker's own sizing; for ours, the grid
     fits."""
-    from pearl.live.server import ModelSpec
 
     if backend == "vllm":
         assert folder is not None
@@ -831,7 +830,6 @@ def compare(
     the times the cases ran; the fits are made once every live run is done, then each case
     is simulated.
     """
-    from pearl.live.cluster import ensure_ray
 
     _check_compare_args(cases, calibration, live_repeats, backend, profile)
     ensure_ray(2)
@@ -873,15 +871,12 @@ def check_backend(backend: str) -> None:
     """``ConfigError`` (one line) if ``backend``'s engine cannot run here: for vLLM, not
     installed, or not the release its hooks were written against."""
     if backend == "vllm":
-        from pearl.live.vllm_setup import check_vllm_version
-
         check_vllm_version()
 
 
 def _save_random_model(model_config: dict[str, Any], folder: str) -> None:
     """The random-weight model our engine builds from ``model_config`` (seed 0), saved as
     a Hugging Face folder."""
-    from pearl.models.config import ModelConfig
     from pearl.models.loader import build_model, save_model
 
     save_model(build_model(ModelConfig.from_dict(model_config), seed=0), folder)

@@ -25,6 +25,7 @@ from pearl.engine.scheduler import InFlight
 from pearl.engine.sequence import RequestOutput, Role
 from pearl.engine_turns import engine_request, turn_output
 from pearl.live.cluster import actor_location
+from pearl.models.config import ModelConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,7 +52,6 @@ class EngineServer:
         import torch
 
         from pearl.engine.engine import LLMEngine
-        from pearl.models.config import ModelConfig
 
         torch.set_num_threads(torch_threads)
         self.worker_id = worker_id
