@@ -92,7 +92,7 @@ class AgentEndpoint:
 
     # -- lifetime ------------------------------------------------------------------
     async def start(self) -> None:
-        import uvicorn
+        import uvicorn  # live extra
 
         class Quiet(uvicorn.Server):
             """Leaves signals to the run: its Ctrl-C handling saves a checkpoint first."""

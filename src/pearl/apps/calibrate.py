@@ -268,7 +268,7 @@ def _tighten(rates: FittedRates, works: list[IterationWork]) -> tuple[FittedRate
 def _least_squares() -> Callable[..., Any]:
     """scipy's ``least_squares``; ImportError naming the extra to install without scipy."""
     try:
-        from scipy.optimize import least_squares
+        from scipy.optimize import least_squares  # live extra
     except ImportError as exc:
         raise ImportError(
             "fit_profile needs scipy: pip install 'pearl-rollout[live]' (or scipy>=1.11)"
@@ -463,7 +463,7 @@ def machine_description() -> dict[str, Any]:
         "system": platform.platform(),
     }
     try:
-        import torch
+        import torch  # live extra
 
         out["torch"] = str(torch.__version__)  # a str subclass YAML cannot write
         out["torch_threads"] = torch.get_num_threads()
@@ -523,7 +523,7 @@ def build_engine(
     """An engine sized for ``grid``: over a random-weight model (a ``RANDOM_MODELS`` name, a
     config dict/``ModelConfig``, or a ``config.json`` file or folder without weights) or
     over a Hugging Face folder with ``*.safetensors``."""
-    from pearl.engine.engine import LLMEngine
+    from pearl.engine.engine import LLMEngine  # torch
 
     weights_folder: Path | None = None
     name: str | None = None
@@ -584,7 +584,7 @@ def calibrate(
 ) -> FitReport:
     """Profile an engine (or one built from ``source``, see :func:`build_engine`), fit a
     profile on ``clock`` times, save it to ``out_path`` (YAML or JSON), return the report."""
-    from pearl.engine.engine import LLMEngine
+    from pearl.engine.engine import LLMEngine  # torch
 
     grid = get_grid(grid)
     engine = (
@@ -626,7 +626,7 @@ def run_calibrate(
 ) -> FitReport:
     """What ``pearl calibrate`` runs: set torch threads, calibrate ``model`` (a model folder,
     config.json or ``RANDOM_MODELS`` name), save to ``out``, echo progress and the fit table."""
-    import torch
+    import torch  # live extra
 
     torch.set_num_threads(threads)
     report = calibrate(model, out, grid, repeats=repeats, clock=clock, seed=seed, log=echo)

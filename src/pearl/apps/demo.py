@@ -78,7 +78,7 @@ def _turn_requests(
 
 def run_demo(sessions: int = 8, turns: int = 4, seed: int = 0, log=print) -> DemoReport:
     """Run ``sessions`` agent sessions for ``turns`` turns both ways; compare the tokens."""
-    import torch
+    import torch  # live extra
 
     torch.set_num_threads(1)
     cfg = ModelConfig.from_dict(DEMO_MODEL, source="demo model")

@@ -877,7 +877,7 @@ def check_backend(backend: str) -> None:
 def _save_random_model(model_config: dict[str, Any], folder: str) -> None:
     """The random-weight model our engine builds from ``model_config`` (seed 0), saved as
     a Hugging Face folder."""
-    from pearl.models.loader import build_model, save_model
+    from pearl.models.loader import build_model, save_model  # torch
 
     save_model(build_model(ModelConfig.from_dict(model_config), seed=0), folder)
 

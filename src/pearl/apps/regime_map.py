@@ -28,6 +28,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from pearl.apps.paper.ratio_selection import StepSelection, select_and_replay
 from pearl.control.decision import DecisionConfig
 from pearl.sim.costmodel import CostModel
@@ -136,11 +138,10 @@ def heatmap(
 ) -> list[str]:
     """Draw the best split's gain over colocation as a heatmap (PNG and SVG); each square
     names the best split, its gain and the engine's pick's gain. Returns the files."""
-    import matplotlib
+    import matplotlib  # import time
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # import time
 
     xs = list(dict.fromkeys(c.values[x] for c in cells))
     ys = list(dict.fromkeys(c.values[y] for c in cells))

@@ -51,6 +51,8 @@ import re
 import typing
 from typing import Any
 
+import pydantic
+
 from pearl.envs.base import StepResult
 from pearl.envs.registry import import_path
 from pearl.errors import ConfigError
@@ -151,7 +153,7 @@ class OpenEnvEnv:
 
     async def _open_session(self, seed: int) -> dict[str, Any]:
         """A new WebSocket session on the server, reset: its first observation's fields."""
-        from openenv.core import GenericEnvClient
+        from openenv.core import GenericEnvClient  # optional
 
         await self.close()  # a previous episode's session, if any
         self._client = GenericEnvClient(base_url=self._base_url)
@@ -231,8 +233,6 @@ class OpenEnvEnv:
                 problems = "; ".join(f"{f}: Field required" for f in missing)
                 raise ValueError(f"Your action is invalid ({problems}).")
         else:  # validate here, so a bad action is the model's turn
-            import pydantic
-
             try:
                 self._action_cls(**payload)
             except pydantic.ValidationError as exc:
@@ -276,7 +276,6 @@ def _takes(method: Any, parameter: str) -> bool:
 def _action_class(env_cls: type, action: str | None) -> type:
     """The Action model: the ``action`` option, else ``step``'s annotation or the class's
     ``Environment[Action, ...]`` parameter."""
-    import pydantic
 
     if action is not None:
         found = import_path(action, "env.options.action", "Class")
@@ -305,7 +304,7 @@ def _action_class(env_cls: type, action: str | None) -> type:
 
 def _server_action_schema(base_url: str) -> dict[str, Any]:
     """The server's action schema, from its ``/schema`` the first time this URL is seen."""
-    import httpx
+    import httpx  # optional (openenv)
 
     if base_url in _SERVER_SCHEMAS:
         return _SERVER_SCHEMAS[base_url]

@@ -37,7 +37,7 @@ _SHOTS_FROM = 1 << 30  # demonstration items: far from both splits' seeds
 @functools.lru_cache(maxsize=16)
 def _dataset(name: str, config_json: str, seed_offset: int) -> Any:
     try:
-        import reasoning_gym
+        import reasoning_gym  # optional
     except ImportError:
         raise ConfigError(
             "env.name=reasoning_gym needs the reasoning-gym package "

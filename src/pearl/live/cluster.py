@@ -29,7 +29,7 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> None:
         for key, value in LOOPBACK_ONLY_ENV.items():
             os.environ.setdefault(key, value)
         _private_token()
-    import ray
+    import ray  # after ensure_ray's environment
 
     if ray.is_initialized():
         return
@@ -122,7 +122,7 @@ def token_refused_message(setting: str, address: str, reason: str) -> str:
 
 def cpu_slots() -> float:
     """The CPU slots of the Ray instance this process is connected to (``ensure_ray``)."""
-    import ray
+    import ray  # after ensure_ray's environment
 
     return float(ray.cluster_resources().get("CPU", 0))
 
@@ -146,7 +146,7 @@ class Placement:
         return options
 
     def trainer_options(self) -> dict[str, Any]:
-        import ray
+        import ray  # after ensure_ray's environment
 
         options: dict[str, Any] = {"num_cpus": 1, "resources": dict(self.trainer_resources)}
         if not self.trainer_resources:
@@ -159,7 +159,7 @@ class Placement:
 
 def actor_location() -> dict[str, Any]:
     """Called inside an actor: the node it runs on (Ray's node id and address) and its pid."""
-    import ray
+    import ray  # after ensure_ray's environment
 
     return {
         "node_id": ray.get_runtime_context().get_node_id(),

@@ -168,7 +168,7 @@ def adapter_files(
 
 def read_adapters(folder: Path) -> dict[str, torch.Tensor]:
     """``adapter_files``' tensors back under the model's parameter names."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # live extra
 
     raw = load_file(str(folder / "adapter_model.safetensors"))
     prefix = "base_model.model."

@@ -29,7 +29,7 @@ from pearl.live.cluster import token_refusal, token_refused_message
 def connect(address: str) -> None:
     """Join the Ray cluster at ``address`` (``"auto"``, or ``"host:port"`` of its head) as a
     driver, unless this process already is; a clear error if nothing answers there."""
-    import ray
+    import ray  # after ensure_ray's environment
 
     if ray.is_initialized():
         return
@@ -54,7 +54,7 @@ def connect(address: str) -> None:
 def _lost(exc: BaseException) -> str | None:
     """Why a task ended without an answer when its process or node died; None for an
     exception the job itself raised."""
-    import ray.exceptions as rex
+    import ray.exceptions as rex  # after ensure_ray's environment
 
     if isinstance(exc, rex.RayTaskError):
         return None
@@ -83,7 +83,7 @@ def run_on_ray(
     process has joined (``connect``), submitted in order, in worker processes started with
     ``env`` added to their environment (Ray's ``runtime_env``); ``on_result(key, value)`` as
     each answer arrives, ``on_died(key, reason)`` for each whose worker or node died."""
-    import ray
+    import ray  # after ensure_ray's environment
 
     options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0}
     if env:
@@ -111,7 +111,7 @@ def run_on_ray(
 
 def _job_error(exc: BaseException, key: Hashable) -> BaseException:
     """The exception the job raised (not Ray's wrapper), with the task's traceback."""
-    import ray.exceptions as rex
+    import ray.exceptions as rex  # after ensure_ray's environment
 
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc

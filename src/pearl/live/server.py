@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pearl.control.interfaces import TurnOutput, TurnRequest
@@ -49,9 +49,9 @@ class EngineServer:
         engine_config: EngineConfig,
         torch_threads: int = 1,
     ) -> None:
-        import torch
+        import torch  # live extra
 
-        from pearl.engine.engine import LLMEngine
+        from pearl.engine.engine import LLMEngine  # torch
 
         torch.set_num_threads(torch_threads)
         self.worker_id = worker_id
@@ -129,7 +129,7 @@ class EngineServer:
     async def load_weights(self, weights: tuple[int, dict[str, Any]]) -> int:
         """Install the trainer's ``(version, numpy weights)`` between two iterations; turns in
         flight continue under them. Returns the version."""
-        import torch
+        import torch  # live extra
 
         version, arrays = weights
         state = {name: torch.from_numpy(a) for name, a in arrays.items()}
@@ -138,7 +138,6 @@ class EngineServer:
         return version
 
     async def stats(self) -> dict[str, Any]:
-        from dataclasses import asdict
 
         async with self._lock:
             return asdict(self.engine.stats())

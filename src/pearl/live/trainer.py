@@ -182,13 +182,13 @@ class GRPOTrainer:
         the model and the optimizer over it (FSDP2: each decoder layer, then the rest).
         Optimizer state already loaded (a resumed checkpoint) is sharded the same way."""
         import torch.distributed as dist  # the distributed pieces only where sharding
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # live extra
         from torch.distributed.fsdp import (
             MixedPrecisionPolicy,
             fully_shard,
             register_fsdp_forward_method,
         )
-        from torch.distributed.tensor import distribute_tensor
+        from torch.distributed.tensor import distribute_tensor  # live extra
 
         cuda = self.device.type == "cuda"
         if cuda:
@@ -503,7 +503,7 @@ class GRPOTrainer:
         process's), on every process."""
         if self.world == 1:
             return sums, mismatch_max
-        import torch.distributed as dist
+        import torch.distributed as dist  # live extra
 
         on_device = sums.to(self.device)  # nccl reduces device tensors only
         dist.all_reduce(on_device)

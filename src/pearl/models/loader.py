@@ -89,7 +89,7 @@ def load_state_dict(
 
 def read_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a folder's ``*.safetensors`` files (sharded checkpoints included)."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError  # live extra
     from safetensors.torch import load_file
 
     index = folder / "model.safetensors.index.json"
@@ -129,7 +129,7 @@ def save_model(model: DecoderForCausalLM, folder: str | Path) -> None:
 
 def save_state(config: ModelConfig, state: dict[str, torch.Tensor], folder: str | Path) -> None:
     """Write a model folder from a config and a state dict (e.g. a snapshot taken earlier)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # live extra
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ class Tokenizer:
     """Encode text to token ids and decode back; loaded from a model folder's tokenizer.json."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer  # live extra
 
         path = Path(path)
         if path.is_dir():

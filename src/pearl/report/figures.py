@@ -52,10 +52,10 @@ ROLES = (
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # import time
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # import time
 
     return plt
 
@@ -95,7 +95,7 @@ def _end_time(runs: Iterable[dict]) -> float:
 
 def throughput_figure(runs: list[dict], segment: str) -> Any:
     """One panel per policy: tokens/s of each step at the step's end, budget shaded behind."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # import time
 
     plt = _pyplot()
     end = _end_time(runs)
@@ -148,7 +148,7 @@ def throughput_figure(runs: list[dict], segment: str) -> Any:
 
 def roles_figure(run: dict, segment: str, tp: int) -> Any:
     """Workers by role over time (stacked), with the trace's rollout-GPU budget in workers."""
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # import time
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()

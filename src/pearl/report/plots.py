@@ -12,10 +12,10 @@ from pearl.report.figures import save
 def plot_training(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
     """``reward`` (training reward and success per step) and ``throughput``
     (generated tokens per second of rollout, and rollout vs training seconds per step)."""
-    import matplotlib
+    import matplotlib  # import time
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # import time
     from matplotlib.ticker import MaxNLocator
 
     folder = Path(folder)

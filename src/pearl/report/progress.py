@@ -32,7 +32,7 @@ def setup_logging(verbosity: int = NORMAL) -> None:
     level = {QUIET: logging.WARNING, NORMAL: logging.INFO}.get(verbosity, logging.DEBUG)
     handler: logging.Handler
     if _interactive():
-        from rich.highlighter import NullHighlighter
+        from rich.highlighter import NullHighlighter  # import time
         from rich.logging import RichHandler
 
         handler = RichHandler(
@@ -67,7 +67,7 @@ def reset_logging() -> None:
 def console():
     """The rich console on stderr that log lines and progress bars share."""
     if _state["console"] is None:
-        from rich.console import Console
+        from rich.console import Console  # import time
 
         _state["console"] = Console(stderr=True)
     return _state["console"]
@@ -99,14 +99,14 @@ class Progress:
     def __enter__(self) -> Progress:
         self._started = time.monotonic()
         if _interactive() and _state["verbosity"] > QUIET and self.total:
-            from rich.progress import (
+            from rich.progress import (  # import time
                 BarColumn,
                 MofNCompleteColumn,
                 TextColumn,
                 TimeElapsedColumn,
                 TimeRemainingColumn,
             )
-            from rich.progress import Progress as Bar
+            from rich.progress import Progress as Bar  # import time
 
             self._bar = Bar(
                 TextColumn("{task.description}"),

@@ -20,7 +20,7 @@ class ScalarLog:
     def __init__(self, folder: str | Path) -> None:
         self.writer: Any = None
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # live extra
         except ImportError:  # torch or tensorboard missing: the run folder has the JSONL
             return
         _leave_writer_errors_to_the_caller()
@@ -53,7 +53,7 @@ def _leave_writer_errors_to_the_caller() -> None:
     thread keeps the exception, raises it again on the writer's next call (our caller sees
     it there) and dies, and Python's thread hook prints its traceback to stderr as well.
     Only that print is dropped, for TensorBoard's writer threads; others go to the old hook."""
-    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread  # optional
 
     previous = threading.excepthook
     if getattr(previous, "pearl_tensorboard", False):

@@ -46,7 +46,7 @@ class WandbLog:
 
     def __init__(self, folder: str | Path, project: str, name: str, config: dict) -> None:
         try:
-            import wandb
+            import wandb  # optional
         except ImportError:
             raise ConfigError(
                 "logger.wandb: true needs the wandb package (pip install 'pearl-rollout[wandb]'"

@@ -122,7 +122,7 @@ def predict(
 
 def fit_linear(rows: list[OperatorRow], gpu: GPUSpec = H100) -> CostConstants:
     """:data:`LINEAR_FIELDS` fitted by least squares on log(predicted / measured)."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # live extra
 
     measured = np.log([r.seconds for r in rows])
 

@@ -27,7 +27,7 @@ async def solve(
     seed: int, client: Any, level: str = "medium", max_turns: int = 3, tool_format: str = "json"
 ) -> dict:
     """One episode: ``{"reward": r, "success": solved}``."""
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI  # live extra
 
     env = CalculatorEnv(level=level, max_turns=max_turns, tool_format=tool_format)
     tools = getattr(env, "tools", None)

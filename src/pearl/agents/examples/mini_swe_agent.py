@@ -31,6 +31,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pearl.agents.endpoint import NO_KEY
 from pearl.envs.sandbox import Sandbox, SandboxLimits
 from pearl.envs.swe import ACTION_REGEX, DEMONSTRATION, SYSTEM_PROMPT, is_submission, score_tree
@@ -61,7 +63,7 @@ class SandboxEnvironment:
         self.config = {"timeout": timeout_s, "cwd": sandbox.cwd}  # the path commands see
 
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
-        from minisweagent.exceptions import Submitted
+        from minisweagent.exceptions import Submitted  # optional
 
         result = self.sandbox.run(str(action.get("command", "")), timeout or self.config["timeout"])
         stopped = f"The command was stopped ({result.stopped})." if result.stopped else ""
@@ -131,8 +133,8 @@ def solve(
     ``trajectories``: a folder where mini-swe-agent saves each episode's messages (its
     ``output_path``, one ``<seed>-<n>.traj.json`` per episode; the endpoint's key, if the run
     has one, is blanked out of it at the end)."""
-    import litellm
-    from minisweagent.agents.default import DefaultAgent
+    import litellm  # optional (swe)
+    from minisweagent.agents.default import DefaultAgent  # optional
     from minisweagent.models import get_model
 
     # litellm prints a provider-list banner each time it prices a model it does not know.
@@ -172,8 +174,7 @@ def solve(
 
 def _settings(config: str) -> dict[str, Any]:
     """``PEARL_SETTINGS``, one of mini-swe-agent's shipped configs by name, or a YAML file."""
-    import yaml
-    from minisweagent import package_dir
+    from minisweagent import package_dir  # optional
 
     if config == "pearl":
         return PEARL_SETTINGS

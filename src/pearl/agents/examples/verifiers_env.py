@@ -132,7 +132,7 @@ async def solve(
     training positions (default: 1000 of an endless taskset, 90% of a finite one);
     ``python``: the verifiers venv's interpreter; ``timeout_s``: a bound of its own on the
     process, which PEARL's episode timeout usually ends first."""
-    from pearl.envs.base import HELDOUT_START
+    from pearl.envs.base import HELDOUT_START  # PEARL's venv only
 
     config = _merged({**DEFAULT_ENV, "player": PLAYER}, env or {})
     argv = [
@@ -181,7 +181,7 @@ async def solve(
 def _offline_nltk() -> None:
     """nltk.download returns at once for data already present (TextArena's games call it at
     import and on load; offline it would try GitHub each time and print its failure)."""
-    import nltk
+    import nltk  # verifiers' venv only
 
     download = nltk.download
 
@@ -199,8 +199,11 @@ def _offline_nltk() -> None:
 
 async def run_episode(args: argparse.Namespace) -> dict:
     """One episode of ``args.env`` on the task of ``args.seed``; its result as JSON-able."""
-    import verifiers.v1 as vf
-    from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+    import verifiers.v1 as vf  # verifiers' venv only
+    from verifiers.v1.utils.loaders import (
+        load_environment,
+        resolve_env_config,
+    )  # verifiers' venv only
 
     environment = load_environment(resolve_env_config(json.loads(args.env)))
     taskset = environment.taskset
