@@ -167,7 +167,7 @@ def test_the_compiled_modules_give_the_golden_digests(tmp_path):
         timeout=900,
     )
     assert golden.returncode == 0, golden.stdout[-3000:]
-    assert "3 passed" in golden.stdout, golden.stdout[-3000:]
+    assert "6 passed" in golden.stdout, golden.stdout[-3000:]
     expected = f"WHAT RAN: compiled={[True] * len(native.MODULES)} arenas=True"
     assert expected in golden.stdout, golden.stdout[-3000:]
 
