@@ -1,5 +1,6 @@
 """The iteration scheduler, driven without torch by a deterministic fake model."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -8,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.engine.block_manager import BlockManager
-from pearl.engine.scheduler import Scheduler, SchedulerConfig, _common_prefix_length
+from pearl.engine.config import EngineConfig
+from pearl.engine.scheduler import Scheduler, _common_prefix_length
 from pearl.engine.sequence import FinishReason, Request, Role, SamplingParams, Sequence
 from pearl.errors import EngineStateError, RequestError
 
@@ -21,9 +23,9 @@ def fake_next_token(history: list[int]) -> int:
 
 
 def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, role=Role.COLOCATED, **kw):
-    cfg = SchedulerConfig(
-        max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=512, role=role, **kw
-    )
+    """A scheduler of an engine's defaults but for the given limits (``kw``: other fields)."""
+    engine = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs)
+    cfg = dataclasses.replace(engine.scheduler_config(512, role), **kw)
     return Scheduler(cfg, BlockManager(num_blocks, block_size))
 
 

@@ -67,19 +67,20 @@ preallocation queue checks before taking a transfer (docs/regime.md, Sources).""
 
 @dataclass
 class SchedulerConfig:
-    """Batching limits, the iteration composition and the worker's role."""
+    """Batching limits, the iteration composition and the worker's role. Built by
+    ``EngineConfig.scheduler_config``, which holds the defaults of the engine's fields."""
 
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int = 4096
-    role: Role = Role.COLOCATED
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    role: Role
     # Decode role only: run appends of at most this many tokens locally (0 = import only).
-    local_prefill_max_tokens: int = 0
-    eos_token_ids: tuple[int, ...] = ()
-    mode: SchedulingMode = SchedulingMode.MIXED
+    local_prefill_max_tokens: int
+    mode: SchedulingMode
     # ``sglang`` mode only (SGLang's --chunked-prefill-size and --max-prefill-tokens).
-    chunked_prefill_size: int = 8192
-    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
     # False: no request starts from the prefix cache (SGLang's --disable-radix-cache); a
     # request still starts from its session's pinned KV, which its caller asked to keep.
     prefix_cache: bool = True
