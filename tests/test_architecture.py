@@ -47,8 +47,9 @@ ALLOWED: dict[str, set[str]] = {
         "errors",
     },
     "processes": {"native"},  # the processes PEARL starts for runs, and their environment
-    # the programs' schemas: train's checks a backend's capabilities (pearl.live.worker)
-    "config": {"control", "workloads", "errors", "redaction", "live"},
+    # the programs' schemas: train's checks a backend's capabilities (pearl.live.worker);
+    # simulate's engine section takes its defaults from the simulated worker's
+    "config": {"control", "workloads", "errors", "redaction", "live", "sim"},
     "report": {"control", "durable_files", "errors", "redaction"},
     "apps": {
         "agents",

@@ -15,6 +15,7 @@ from pearl.config.loading import Section, apply_overrides, load_config, plain_ru
 from pearl.control.deployment import Deployment
 from pearl.control.policies import POLICIES
 from pearl.errors import ConfigError
+from pearl.sim.worker import SimEngineConfig
 
 
 class ModelSection(Section):
@@ -61,34 +62,49 @@ class WorkloadSection(Section):
     )
 
 
+# The simulated worker's defaults, read from where they are defined (one place each).
+_ENGINE = SimEngineConfig()
+
+
 class SimSection(Section):
-    block_size: int = Field(16, ge=1, description="KV page size in tokens")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="tokens per engine iteration")
-    max_num_seqs: int = Field(256, ge=1, description="sequences per engine iteration")
-    max_model_len: int = Field(40960, ge=2, description="longest context a worker accepts")
+    block_size: int = Field(_ENGINE.block_size, ge=1, description="KV page size in tokens")
+    max_num_batched_tokens: int = Field(
+        _ENGINE.max_num_batched_tokens, ge=1, description="tokens per engine iteration"
+    )
+    max_num_seqs: int = Field(
+        _ENGINE.max_num_seqs, ge=1, description="sequences per engine iteration"
+    )
+    max_model_len: int = Field(
+        _ENGINE.max_model_len, ge=2, description="longest context a worker accepts"
+    )
     fast_forward: bool = Field(
-        True, description="skip runs of identical decode iterations in one step (same result)"
+        _ENGINE.fast_forward,
+        description="skip runs of identical decode iterations in one step (same result)",
     )
     scheduling: Literal["mixed", "sglang"] = Field(
-        "mixed",
+        _ENGINE.scheduling,
         description="iteration composition: mixed (decode-first + chunked prefill in one "
         "pass) or sglang (SGLang's default: prefill batches alone, first; no mixing)",
     )
-    chunked_prefill_size: int = Field(8192, ge=1, description="sglang mode: tokens per chunk")
-    max_prefill_tokens: int = Field(16384, ge=1, description="sglang mode: tokens per batch")
+    chunked_prefill_size: int = Field(
+        _ENGINE.chunked_prefill_size, ge=1, description="sglang mode: tokens per chunk"
+    )
+    max_prefill_tokens: int = Field(
+        _ENGINE.max_prefill_tokens, ge=1, description="sglang mode: tokens per batch"
+    )
     flush_cache_on_weight_update: bool = Field(
-        False,
+        _ENGINE.flush_cache_on_weight_update,
         description="drop pinned sessions on every weight update (continuing sessions "
         "re-prefill; the prefix cache is emptied on every update either way)",
     )
     cross_turn_reuse: Literal["prefix", "none"] = Field(
-        "prefix",
+        str(_ENGINE.cross_turn_reuse),
         description="KV a colocated turn starts from: prefix (its pinned session, else the "
         "prefix cache, up to the first token its prompt changed) or none (no pinned session, "
         "no prefix-cache hit: every turn prefills its whole prompt); docs/regime.md, Switches",
     )
     pd_decode_reuse: Literal["retain", "none"] = Field(
-        "retain",
+        str(_ENGINE.pd_decode_reuse),
         description="what a disaggregated decode worker keeps of a session between turns: "
         "retain (its KV: a turn moves only the tokens it lacks) or none (nothing, as SGLang's "
         "PD decode server: every turn moves the whole prompt's KV); docs/regime.md, Switches",
