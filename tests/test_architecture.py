@@ -130,6 +130,70 @@ def test_the_rule_check_catches_an_upward_import(tmp_path, monkeypatch):
     assert _violations() == ["pearl/control/bad.py:2: control imports pearl.sim.worker"]
 
 
+def _module_graph() -> dict[str, set[str]]:
+    """Each pearl module's imports of other pearl modules (function-level and type-only ones
+    too): ``pearl.a.b`` for a module, its package's name for an ``__init__``."""
+    modules = {}
+    for path in SRC.rglob("*.py"):
+        if "_compiled" in path.parts:
+            continue
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:  # from pearl.a import b: module pearl.a.b, or pearl.a
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_two_modules_import_each_other_even_indirectly():
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_three_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
 @pytest.mark.parametrize(
     ("packages", "forbidden"),
     [

@@ -44,24 +44,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from pearl.control.episode import STOP_CONTEXT_FULL
 from pearl.control.interfaces import TrainSample
-
-if TYPE_CHECKING:
-    from pearl.live.trainer_config import TrainerConfig
-
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
-KL_ESTIMATORS = ("k1", "k3")
-REWARD_SCALES = ("group", "batch", "none")
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
+from pearl.live.trainer_config import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    REWARD_SCALES,
+    TrainerConfig,
 )
 
 

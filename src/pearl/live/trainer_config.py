@@ -5,9 +5,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pearl.live.grpo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, REWARD_SCALES
 from pearl.live.lora import LoRAConfig
 from pearl.models.devices import DTYPES
+
+# The loss variants a TrainerConfig may name (pearl.live.grpo implements each).
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
+KL_ESTIMATORS = ("k1", "k3")
+REWARD_SCALES = ("group", "batch", "none")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -20,7 +30,7 @@ class TrainerConfig:
     """The upper clip (DAPO's clip-higher); None: ``clip_eps`` (``pearl.live.grpo``)."""
     advantage_estimator: str = "grpo"  # grpo or rloo
     scale_rewards: str = "group"  # group, batch or none
-    loss_agg_mode: str = "token-mean"  # pearl.live.grpo.LOSS_AGG_MODES
+    loss_agg_mode: str = "token-mean"  # LOSS_AGG_MODES
     loss_norm_tokens: int | None = None
     """``seq-mean-token-sum-norm``'s constant (Dr. GRPO's generation budget)."""
     kl_coef: float = 0.0
