@@ -246,3 +246,32 @@ def test_only_the_live_world_imports_ray():
         if name == "ray" or name.startswith("ray.")
     ]
     assert found == []
+
+
+def _long_functions(root: Path, limit: int) -> list[str]:
+    """Functions (methods, nested ones) longer than ``limit`` lines, def to last line."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "_compiled" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} {lines}"
+                    )
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    """60 lines: one job a function, read on one screen (split along the domain's seams)."""
+    assert _long_functions(SRC, 60) == []
+
+
+def test_the_length_check_counts_a_function_from_def_to_its_last_line(tmp_path):
+    (tmp_path / "pearl").mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    (tmp_path / "pearl" / "m.py").write_text(f"def f():\n{body}\n\ndef g():\n    pass\n")
+    assert _long_functions(tmp_path / "pearl", 60) == ["pearl/m.py:1 f 61"]
+    assert _long_functions(tmp_path / "pearl", 61) == []
