@@ -77,9 +77,9 @@ ALL_POLICIES_DIGESTS = {
     (True, "2.5"): "93a9d82c6ee35439",
 }
 ROLLOUT_DIGEST = "9d1e7cbafbc5808d"
-# The fidelity cases on our live worker's simulated twin and on vLLM's (recorded 2026-12-08).
+# The fidelity cases on our live worker's simulated twin and on vLLM's (recorded 2026-12-07).
 TWIN_DIGESTS = {"pearl": "837f6affc1ae683f", "vllm": "e1e8ed689e14d40e"}
-# Dynamic sampling's steps and what each trained on (recorded 2026-12-08).
+# Dynamic sampling's steps and what each trained on (recorded 2026-12-07).
 DYNAMIC_SAMPLING_DIGEST = "650985401f8b16a1"
 
 
