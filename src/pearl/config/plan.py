@@ -1,5 +1,5 @@
-"""``pearl plan``'s configuration (``pearl calibrate`` takes the same): an RL experiment over
-a grid of reserved pool sizes and TP degrees, on recorded or generated spot traces, priced."""
+"""``pearl plan``'s configuration: an RL experiment over a grid of reserved pool sizes and
+TP degrees, on recorded or generated spot traces, priced."""
 
 from __future__ import annotations
 
