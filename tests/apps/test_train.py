@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -550,6 +551,38 @@ def stop_process(proc: subprocess.Popen) -> None:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_trainer_that_cannot_start_stops_the_run_in_one_line(chat_model, tmp_path):
+    """The trainer's process dies as it loads the weights (a truncated safetensors file):
+    `pearl train` says so in one line, with the error the trainer raised, and no traceback
+    or word of a checkpoint it never began; the folder is marked incomplete."""
+    broken = tmp_path / "broken-model"
+    shutil.copytree(chat_model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    pearl = str(Path(sys.executable).parent / "pearl")
+    run = subprocess.run(
+        [
+            pearl,
+            "train",
+            f"model.name={broken}",
+            "run.steps=2",
+            "run.eval_tasks=0",
+            f"run.run_dir={tmp_path}",
+            "run.run_name=b",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    (line,) = [x for x in run.stderr.splitlines() if x.startswith("error:")]
+    assert "the trainer's process died" in line and "after 0 steps" in line, line
+    assert "Traceback" not in run.stderr.split("error:")[-1]
+    assert "could not be completed" not in run.stdout + run.stderr  # no checkpoint was begun
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["last_checkpoint"] is None
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")

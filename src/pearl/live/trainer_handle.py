@@ -69,8 +69,10 @@ class LiveTrainer:
 
     async def _publish(self) -> tuple[int, Any]:
         refs = [a.weights.remote() for a in self.actors]
-        self.weights_ref = refs[0]
         (version, _), *_ = await _gather(refs)
+        # Only now: until the new weights are there, a worker that asks gets the weights
+        # of ``_version``, which is what the control plane believes it installs.
+        self.weights_ref = refs[0]
         return version, self.weights_ref
 
     async def train_step(self, batch: TrainBatch) -> TrainMetrics:
@@ -127,5 +129,12 @@ async def _gather(refs: list[Any]) -> list[Any]:
         failed += [t.exception() for t in late if t.exception() is not None]
     deaths = [e for e in failed if isinstance(e, RayActorError)]
     if deaths:
-        raise TrainerProcessDied(type(deaths[0]).__name__) from deaths[0]
+        raise TrainerProcessDied(_death_reason(deaths[0])) from deaths[0]
     raise failed[0]
+
+
+def _death_reason(error: BaseException) -> str:
+    """Ray's error in one line: its type and its message's last line (the exception a
+    trainer's constructor raised, or why its process ended), at most 300 characters."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1][:300]}" if lines else type(error).__name__

@@ -170,6 +170,9 @@ class TrainRun:
         try:
             await live.start()
             return await live.train(stop)
+        except TrainerProcessDied as exc:  # at start or in a step (rollout workers are replaced)
+            failed = True
+            raise live.stopped(f"the trainer's process died ({exc})", RunInterrupted) from None
         except asyncio.CancelledError:  # Ctrl-C or SIGTERM: asyncio cancels this task
             failed = True
             await live.flush_checkpoint()  # the last checkpoint is the resume point
@@ -199,8 +202,8 @@ class _LiveRun:
     """One ``pearl train`` run's actors, control plane and run folder."""
 
     def __init__(self, run: TrainRun, resume: str | None) -> None:
-
         self.run, self.cfg, self.resume = run, run.cfg, resume
+        self.saved_in_background = False  # a checkpoint was handed to the trainer to write
         cfg = self.cfg
         policy = self.policy = get_policy(cfg.cluster.policy)
         preemptible = cfg.cluster.preemptible_workers if policy.pool is Pool.ELASTIC else 0
@@ -429,10 +432,6 @@ class _LiveRun:
                         "train-more", ((offset + i) * rounds + r) * tasks, n, group
                     ),
                 )
-        except TrainerProcessDied as exc:
-            # Rollout workers that die are replaced (LiveWorker maps their deaths).
-            why = f"the trainer's process died ({exc})"
-            raise self.stopped(why, RunInterrupted) from None
         finally:
             if chaos is not None:
                 chaos.cancel()
@@ -471,6 +470,8 @@ class _LiveRun:
 
     async def flush_checkpoint(self) -> None:
         """Wait for a checkpoint the trainer is writing in the background, if it can."""
+        if not self.saved_in_background:  # none was started (a dead trainer has nothing to say)
+            return
         try:
             await asyncio.wait_for(self.trainer.flush(), timeout=120)
         except Exception as exc:  # a dead trainer or a failed write: the folder says
@@ -554,6 +555,7 @@ class _StepRecorder:
         if every and (step + 1) % every == 0:
             # Written while the next step trains; the final checkpoint waits for it.
             path = live.folder.path / "checkpoints" / f"v{version}"
+            live.saved_in_background = True
             await live.trainer.save(str(path), background=True)
 
 
