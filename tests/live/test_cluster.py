@@ -13,6 +13,23 @@ from tiny_model import tiny_chat_model
 from pearl.errors import ConfigError
 
 
+def test_a_call_whose_process_ray_killed_for_memory_counts_as_the_actor_dying():
+    """Ray's memory monitor killing an actor's process mid-call raises ``OutOfMemoryError``,
+    not an actor error: a rollout worker or trainer lost that way is a death (replaced, or
+    the run stops in one line), as a killed or crashed one is; what the actor's own code
+    raised is not, even an exception of the same name."""
+    rex = pytest.importorskip("ray.exceptions")
+    from pearl.live.cluster import process_death
+
+    assert process_death(rex.OutOfMemoryError("1 worker(s) were killed due to low memory"))
+    assert process_death(rex.ActorDiedError()) and process_death(rex.WorkerCrashedError())
+    raised = rex.RayTaskError("load_weights", "Traceback ...", ValueError("bad weights"))
+    assert not process_death(raised)
+    own = rex.RayTaskError("f", "Traceback ...", rex.OutOfMemoryError("x")).as_instanceof_cause()
+    assert isinstance(own, rex.OutOfMemoryError) and not process_death(own)
+    assert not process_death(ValueError("not Ray's"))
+
+
 def test_cluster_settings_are_checked_with_the_key_and_what_is_valid():
     from pearl.config.train import load_train_config
 

@@ -120,6 +120,19 @@ def token_refused_message(setting: str, address: str, reason: str) -> str:
     )
 
 
+def process_death(exc: BaseException) -> bool:
+    """Whether a call failed because its actor's process is gone: the actor died (killed,
+    crashed, its node lost) or Ray's memory monitor killed the process in the middle of the
+    call (``OutOfMemoryError``, which is not an actor error). An exception the actor's own
+    code raised is not one."""
+    import ray.exceptions as rex  # after ensure_ray's environment
+
+    if isinstance(exc, rex.RayTaskError):  # the method raised (its cause's type mixed in)
+        return False
+    gone = (rex.RayActorError, rex.OutOfMemoryError, rex.WorkerCrashedError, rex.NodeDiedError)
+    return isinstance(exc, gone)
+
+
 def cpu_slots() -> float:
     """The CPU slots of the Ray instance this process is connected to (``ensure_ray``)."""
     import ray  # after ensure_ray's environment

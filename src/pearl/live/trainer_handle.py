@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from pearl.control.interfaces import TrainBatch, TrainMetrics
-from pearl.live.cluster import Placement
+from pearl.live.cluster import Placement, process_death
 from pearl.live.server import ModelSpec
 from pearl.live.trainer import GRPOTrainer
 from pearl.live.trainer_config import TrainerConfig
@@ -114,7 +114,6 @@ async def _gather(refs: list[Any]) -> list[Any]:
     """Await the processes' ``refs``. If one fails, the failure reported is a process's
     death when any process died (``TrainerProcessDied``, which ends the run with the resume
     command), not a survivor's broken collective."""
-    from ray.exceptions import RayActorError  # (as above)
 
     async def one(ref: Any) -> Any:
         return await ref
@@ -127,7 +126,7 @@ async def _gather(refs: list[Any]) -> list[Any]:
     if pending:
         late, _ = await asyncio.wait(pending, timeout=DEATH_GRACE_S)
         failed += [t.exception() for t in late if t.exception() is not None]
-    deaths = [e for e in failed if isinstance(e, RayActorError)]
+    deaths = [e for e in failed if process_death(e)]
     if deaths:
         raise TrainerProcessDied(_death_reason(deaths[0])) from deaths[0]
     raise failed[0]

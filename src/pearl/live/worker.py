@@ -12,7 +12,7 @@ from pearl.control.interfaces import TurnOutput, TurnRequest, WorkerRole
 from pearl.engine.config import EngineConfig
 from pearl.engine.sequence import Role
 from pearl.errors import EngineStateError, KVTransferError
-from pearl.live.cluster import Placement
+from pearl.live.cluster import Placement, process_death
 from pearl.live.server import EngineServer, ModelSpec
 
 _ACTOR_CLASSES: dict[str, Any] = {}
@@ -74,11 +74,11 @@ class LiveWorker:
     async def _call(self, method: str, *args):
         """Call the actor; a stopped (killed, crashed) actor raises ``EngineStateError``, as
         a stopped simulated worker does, so the control plane treats both alike."""
-        from ray.exceptions import RayActorError  # after ensure_ray's environment
-
         try:
             return await getattr(self.actor, method).remote(*args)
-        except RayActorError as exc:
+        except Exception as exc:
+            if not process_death(exc):
+                raise
             if not self.stopped and self.on_failure is not None and not self._failure_handled():
                 self._failure = self.on_failure()
             raise EngineStateError(
